@@ -1,0 +1,37 @@
+"""Framework-independent rematerialization solvers on Checkmate-style graphs and schedules.
+
+Every solver has the signature ``solve(graph, budget, time_limit_s) -> SolverResult``;
+:data:`SOLVERS` maps their names to them. :func:`simulate` checks any schedule.
+"""
+
+from collections.abc import Callable
+
+from autoremat_solvers import checkmate_lp_rounding, checkmate_milp
+from autoremat_solvers.base import SolverResult, SolveStatus
+from autoremat_solvers.baselines import BASELINES
+from autoremat_solvers.graph import (
+    ComputeGraph,
+    chain_training_graph,
+    load_graph_json,
+    random_layered_training_graph,
+)
+from autoremat_solvers.schedule import Schedule, SimResult, simulate
+
+SOLVERS: dict[str, Callable[..., SolverResult]] = {
+    "checkmate_milp": checkmate_milp.solve,
+    "checkmate_lp_rounding": checkmate_lp_rounding.solve,
+    **BASELINES,
+}
+
+__all__ = [
+    "SOLVERS",
+    "ComputeGraph",
+    "Schedule",
+    "SimResult",
+    "SolveStatus",
+    "SolverResult",
+    "chain_training_graph",
+    "load_graph_json",
+    "random_layered_training_graph",
+    "simulate",
+]

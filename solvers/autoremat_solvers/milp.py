@@ -129,6 +129,8 @@ def solve_milp(
     if err:
         raise RuntimeError(f"OR-tools rejected the model: {err}")
     solver.SuppressOutput()
+    if backend == "HIGHS":  # its banner ignores SuppressOutput
+        solver.SetSolverSpecificParametersAsString("output_flag=false\n")
     solver.SetNumThreads(1)
     if time_limit_s is not None:
         solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))

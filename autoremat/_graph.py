@@ -1,0 +1,95 @@
+"""The graph of intermediate values the solver plans over: plain frozen data."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    """One intermediate value of the forward pass.
+
+    Attributes:
+      id: the value's id in the flattened program (stable for a function and shapes).
+      shape, dtype: of one instance.
+      nbytes: bytes of one instance.
+      multiplicity: instances kept if saved (the scan length inside a scan body, except
+        for values computed from loop invariants alone, which JAX saves once).
+      primitive: the producing primitive; ``carry_in``/``xs_in`` for a scan body's inputs.
+      source: ``file:line`` of the user code that produced it.
+      flops: cost of recomputing one instance (a scan body's values are recomputed once
+        per iteration, see :meth:`Graph.recompute_flops`).
+      region: index of the remat region it belongs to.
+      inputs: ids of the intermediate values it is computed from (arguments and constants,
+        always available, are left out).
+      saveable: whether it can be kept as a residual.
+      recomputable: whether it can be recomputed inside its region's backward pass.
+      needed: the backward pass of its own region reads it (it must be saved or recomputed).
+      needed_across: another region reads it, so it must be saved.
+    """
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    multiplicity: int
+    primitive: str
+    source: str
+    flops: int
+    region: int
+    inputs: tuple[int, ...]
+    saveable: bool
+    recomputable: bool
+    needed: bool
+    needed_across: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """A remat region: a ``jax.checkpoint`` around a segment, or around a scan body.
+
+    Attributes:
+      index: position in program order.
+      kind: ``"segment"`` or ``"scan"``.
+      length: iterations (1 for a segment).
+      work_bytes: peak bytes live during one forward pass through the region (one
+        iteration for a scan), its inputs from other regions included.
+    """
+
+    index: int
+    kind: str
+    length: int
+    work_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    """A traced function's values and regions, and the totals the plan is judged by.
+
+    Attributes:
+      values: every intermediate value, in program order.
+      regions: the remat regions, in program order.
+      arg_bytes: bytes of all arguments.
+      grad_bytes: bytes of the gradients of the floating-point arguments.
+      step_flops: FLOPs of the forward plus backward pass without remat.
+      fingerprint: a digest of the program's structure, to check a plan is applied to
+        the function it was made for.
+    """
+
+    values: tuple[Value, ...]
+    regions: tuple[Region, ...]
+    arg_bytes: int
+    grad_bytes: int
+    step_flops: int
+    fingerprint: str
+
+    def array(self, field: str, dtype: type = np.int64) -> np.ndarray:
+        """One field of every value as a numpy array, in ``values`` order."""
+        return np.array([getattr(v, field) for v in self.values], dtype=dtype)
+
+    def recompute_flops(self) -> np.ndarray:
+        """FLOPs of recomputing each value in every iteration of its region."""
+        lengths = np.array([r.length for r in self.regions], dtype=np.int64)
+        return lengths[self.array("region")] * self.array("flops")

@@ -1,0 +1,209 @@
+"""The public entry points: :func:`plan`, :func:`optimize` and the :class:`Plan` they make."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from autoremat_solvers import policy as policy_model
+from autoremat_solvers.milp import MilpStatus
+
+from autoremat import _report, _rewrite, _solve, _trace
+from autoremat._budget import Budget, format_bytes, parse_budget
+from autoremat._graph import Graph
+
+
+class InfeasibleBudgetError(ValueError):
+    """No plan fits the budget. ``floor_bytes`` is the smallest budget that any plan fits."""
+
+    def __init__(self, budget_bytes: int, floor_bytes: int):
+        self.budget_bytes = budget_bytes
+        self.floor_bytes = floor_bytes
+        super().__init__(
+            f"no remat plan fits a budget of {budget_bytes} bytes ({format_bytes(budget_bytes)}); "
+            f"the smallest feasible budget is {floor_bytes} bytes ({format_bytes(floor_bytes)}). "
+            "Raise the budget, shrink the batch, or shard the step.")
+
+
+class SolverTimeoutError(RuntimeError):
+    """The solver's time limit passed before it found any plan within the budget."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A remat plan for one function and one set of argument shapes.
+
+    Attributes:
+      saved: ids of the values kept as residuals (the rest the backward reads is recomputed).
+      recomputed: ids of the values recomputed in the backward pass.
+      budget_bytes: the budget the plan was solved for.
+      peak_bytes: the predicted peak bytes of the whole gradient computation.
+      saved_bytes: bytes of residuals kept between the forward and backward pass
+        (arguments not included).
+      recompute_flops: FLOPs recomputed in the backward pass.
+      step_flops: FLOPs of the forward and backward pass without remat.
+      no_remat_peak_bytes: the predicted peak when every value the backward reads is saved.
+      status: ``"optimal"``, or ``"feasible"`` when the time limit stopped the solver
+        (see ``gap``).
+      gap: relative gap between the plan's recompute cost and the solver's lower bound.
+      solve_seconds: time spent in the solver.
+      graph: the traced value graph (not part of equality or hashing).
+    """
+
+    saved: frozenset[int]
+    recomputed: frozenset[int]
+    budget_bytes: int
+    peak_bytes: int
+    saved_bytes: int
+    recompute_flops: int
+    step_flops: int
+    no_remat_peak_bytes: int
+    status: str
+    gap: float
+    solve_seconds: float = dataclasses.field(compare=False)
+    graph: Graph = dataclasses.field(compare=False, repr=False)
+
+    @property
+    def overhead(self) -> float:
+        """Recomputed FLOPs over the FLOPs of the step without remat."""
+        return self.recompute_flops / max(1, self.step_flops)
+
+    @property
+    def policy(self) -> Callable:
+        """The ``jax.checkpoint`` policy that saves this plan's named values.
+
+        It acts on the names :meth:`apply` places; use it with functions made by
+        :meth:`apply`, never around them (the outer checkpoint policy would win).
+        """
+        return _rewrite.policy_for(self.saved)
+
+    def apply(self, fn: Callable) -> Callable:
+        """``fn`` rewritten to follow this plan (same signature, outputs and gradients).
+
+        Raises:
+          PlanMismatchError: when called with arguments whose program differs from the one
+            the plan was made for.
+        """
+        return _rewrite.rewrite(fn, self.saved, self.graph.fingerprint)
+
+    def report(self, max_rows: int = 40) -> str:
+        """A readable table of the plan's decisions, largest first, with its totals."""
+        return _report.report(self, max_rows=max_rows)
+
+
+def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
+    parsed = parse_budget(budget)
+    if isinstance(parsed, int):
+        return parsed
+    fixed = graph.arg_bytes + graph.grad_bytes
+    return fixed + int(parsed * (no_remat_peak - fixed))
+
+
+def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: Budget, *,
+              time_limit_s: float | None = None, backend: str = "HIGHS") -> Plan:
+    """:func:`plan` for a function of flat array arguments returning a flat list."""
+    _, _, graph = _trace.trace(flat_fn, avals)
+    problem = _solve.to_problem(graph)
+    baseline = _solve.no_remat(graph, problem)
+    budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
+    result = policy_model.solve(problem, budget_bytes, time_limit_s=time_limit_s, backend=backend)
+    if result.status is MilpStatus.INFEASIBLE:
+        floor = policy_model.solve_min_peak(problem, time_limit_s=time_limit_s, backend=backend)
+        raise InfeasibleBudgetError(budget_bytes, floor.peak)
+    if result.status is MilpStatus.NO_SOLUTION:
+        raise SolverTimeoutError(
+            f"the solver found no plan within {time_limit_s} s for a budget of "
+            f"{format_bytes(budget_bytes)}; raise time_limit_s or the budget.")
+    d = _solve.decisions(graph, problem, result)
+    return Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=budget_bytes,
+                peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
+                recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
+                no_remat_peak_bytes=baseline.peak_bytes, status=d.status, gap=d.gap,
+                solve_seconds=d.solve_seconds, graph=graph)
+
+
+def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float | None = None,
+         backend: str = "HIGHS", **kwargs: Any) -> Plan:
+    """Plans remat for ``fn(*args, **kwargs)`` under ``budget``.
+
+    Args:
+      fn: the function to differentiate (for example a loss). Its gradient with respect
+        to any of its floating-point arguments follows the plan.
+      *args, **kwargs: example arguments, arrays or ``jax.ShapeDtypeStruct`` leaves in
+        any pytree; only shapes and dtypes are used.
+      budget: peak bytes of the whole gradient computation: an int, a string with a unit
+        (``"6GiB"``, ``"512MiB"``, ``"2GB"``), or a float in (0, 1], the fraction of the
+        no-remat activation memory (on top of arguments and gradients).
+      time_limit_s: stop the solver after this long with the best plan found.
+      backend: the OR-tools MIP backend, ``"HIGHS"``, ``"SCIP"`` or ``"CBC"``.
+
+    Returns:
+      A :class:`Plan`.
+
+    Raises:
+      ValueError: the budget is malformed or not positive.
+      InfeasibleBudgetError: no plan fits; the message states the smallest budget that does.
+      SolverTimeoutError: the time limit passed before any plan was found.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, autoremat
+      >>> def loss(w, x):
+      ...     for _ in range(4):
+      ...         x = jnp.tanh(x @ w)
+      ...     return jnp.sum(x ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> p = autoremat.plan(loss, w, x, budget=0.5)
+      >>> grads = jax.grad(p.apply(loss))(w, x)
+    """
+    flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
+    return plan_flat(flat_fn, avals, budget, time_limit_s=time_limit_s, backend=backend)
+
+
+def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int] = (),
+             time_limit_s: float | None = None, backend: str = "HIGHS") -> Callable:
+    """``fn`` with automatic remat under ``budget``: same signature, same gradients.
+
+    The plan is made the first time the function is called (or traced) with a given
+    structure, shapes and dtypes of arguments and values of the static arguments, and
+    reused after. See :func:`plan` for the budget forms and errors.
+
+    Do not wrap the result in another ``jax.checkpoint``: the outer policy would win.
+
+    Example:
+      >>> loss = autoremat.optimize(loss_fn, budget="6GiB")          # doctest: +SKIP
+      >>> grads = jax.jit(jax.grad(loss))(params, batch)             # doctest: +SKIP
+    """
+    parse_budget(budget)
+    static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    cache: dict[Any, Callable] = {}
+    lock = threading.Lock()
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        n = len(args)
+        static_pos = sorted({i % n for i in static if -n <= i < n})
+        static_vals = tuple(args[i] for i in static_pos)
+        dynamic = tuple(a for i, a in enumerate(args) if i not in static_pos)
+
+        def bound(*dyn: Any, **kw: Any) -> Any:
+            it = iter(dyn)
+            full = [static_vals[static_pos.index(i)] if i in static_pos else next(it)
+                    for i in range(n)]
+            return fn(*full, **kw)
+
+        leaves, tree = jax.tree.flatten((dynamic, kwargs))
+        key = (tree, tuple((jax.numpy.shape(x), str(jax.numpy.result_type(x))) for x in leaves),
+               static_pos, static_vals)
+        with lock:
+            apply = cache.get(key)
+            if apply is None:
+                p = plan(bound, *dynamic, budget=budget, time_limit_s=time_limit_s,
+                         backend=backend, **kwargs)
+                apply = cache[key] = p.apply(bound)
+        return apply(*dynamic, **kwargs)
+
+    return wrapped

@@ -1,0 +1,277 @@
+"""A flattened, region-split view of a traced forward program, and its interpreter.
+
+:func:`flatten` turns a closed jaxpr into a :class:`Program`: nested ``jit``,
+``closed_call`` and existing ``checkpoint`` calls are inlined, every value gets an
+integer id, and each top-level ``scan`` keeps its body as a :class:`ScanBody` so that
+it can become one remat region per iteration. :func:`run_region` re-binds a region's
+equations through JAX, wrapping chosen values in
+:func:`jax.ad_checkpoint.checkpoint_name`; it is shared by the tracer (to ask JAX
+which values the backward pass reads) and by the rewriter (to emit the optimized
+function), so both see exactly the same program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import core as jax_core
+from jax._src import source_info_util
+from jax.ad_checkpoint import checkpoint_name
+
+# Calls whose body is inlined into the caller. An existing checkpoint is dropped:
+# its region is re-planned (outer policies win, so nesting ours inside would be ignored).
+_INLINED = frozenset({"jit", "pjit", "closed_call", "core_call", "checkpoint", "remat2"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Literal:
+    """A constant operand of an equation."""
+
+    value: Any
+    aval: Any
+
+
+Atom = int | Literal
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Eqn:
+    """One primitive application: ``outs = primitive.bind(*ins, **params)``."""
+
+    primitive: jax_core.Primitive
+    params: Mapping[str, Any]
+    ins: tuple[Atom, ...]
+    outs: tuple[int, ...]
+    source_info: Any
+    ctx: Any
+    scan_body: ScanBody | None = None  # set for top-level scans only
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ScanBody:
+    """The body of a top-level scan, flattened: one remat region per iteration."""
+
+    consts: tuple[int, ...]
+    carry_in: tuple[int, ...]
+    xs_in: tuple[int, ...]
+    eqns: tuple[Eqn, ...]
+    carry_out: tuple[Atom, ...]
+    ys_out: tuple[Atom, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Segment:
+    """A region: a run of top-level equations (``kind="segment"``) or one scan."""
+
+    index: int
+    kind: str  # "segment" or "scan"
+    eqns: tuple[Eqn, ...]
+    inputs: tuple[int, ...]  # ids read here but produced elsewhere (args, other regions)
+    outputs: tuple[int, ...]  # ids produced here and read later or returned
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    """A flattened forward program with integer value ids."""
+
+    avals: Mapping[int, jax_core.ShapedArray]
+    args: tuple[int, ...]
+    consts: Mapping[int, Any]
+    eqns: tuple[Eqn, ...]
+    outs: tuple[Atom, ...]
+
+
+def flatten(closed: jax_core.ClosedJaxpr) -> Program:
+    """Flattens ``closed`` into a :class:`Program` (see the module docstring)."""
+    counter = itertools.count()
+    avals: dict[int, jax_core.ShapedArray] = {}
+    consts: dict[int, Any] = {}
+
+    def fresh(aval: jax_core.AbstractValue) -> int:
+        i = next(counter)
+        avals[i] = aval
+        return i
+
+    def walk(jaxpr: jax_core.Jaxpr, const_vals: Sequence[Any], in_atoms: Sequence[Atom],
+             top: bool, out: list[Eqn]) -> list[Atom]:
+        env: dict[Any, Atom] = dict(zip(jaxpr.invars, in_atoms))
+        for var, val in zip(jaxpr.constvars, const_vals):
+            env[var] = cid = fresh(var.aval)
+            consts[cid] = val
+
+        def read(v: Any) -> Atom:
+            return Literal(v.val, v.aval) if isinstance(v, jax_core.Literal) else env[v]
+
+        for eqn in jaxpr.eqns:
+            ins = [read(v) for v in eqn.invars]
+            name = eqn.primitive.name
+            if name in _INLINED:
+                sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+                sub_jaxpr, sub_consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
+                env.update(zip(eqn.outvars, walk(sub_jaxpr, sub_consts, ins, top, out)))
+                continue
+            outs = tuple(fresh(v.aval) for v in eqn.outvars)
+            env.update(zip(eqn.outvars, outs))
+            body = _flatten_scan_body(eqn, fresh, walk) if (top and name == "scan") else None
+            out.append(Eqn(eqn.primitive, eqn.params, tuple(ins), outs, eqn.source_info,
+                           eqn.ctx, body))
+        return [read(v) for v in jaxpr.outvars]
+
+    args = tuple(fresh(v.aval) for v in closed.jaxpr.invars)
+    eqns: list[Eqn] = []
+    outs = walk(closed.jaxpr, closed.consts, args, True, eqns)
+    return Program(avals, args, consts, tuple(eqns), tuple(outs))
+
+
+def _flatten_scan_body(eqn: Any, fresh: Callable, walk: Callable) -> ScanBody:
+    body = eqn.params["jaxpr"]
+    n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+    ids = [fresh(v.aval) for v in body.jaxpr.invars]
+    body_eqns: list[Eqn] = []
+    outs = walk(body.jaxpr, body.consts, ids, False, body_eqns)
+    return ScanBody(
+        consts=tuple(ids[:n_consts]),
+        carry_in=tuple(ids[n_consts:n_consts + n_carry]),
+        xs_in=tuple(ids[n_consts + n_carry:]),
+        eqns=tuple(body_eqns),
+        carry_out=tuple(outs[:n_carry]),
+        ys_out=tuple(outs[n_carry:]),
+    )
+
+
+def split_regions(program: Program, cuts: Sequence[int]) -> tuple[Segment, ...]:
+    """Splits the top-level equations into regions.
+
+    ``cuts`` are equation indices where a new segment starts; every top-level scan is a
+    region of its own whatever the cuts.
+    """
+    groups: list[tuple[str, list[Eqn]]] = []
+    cut_set = set(cuts)
+    for i, eqn in enumerate(program.eqns):
+        if eqn.scan_body is not None:
+            groups.append(("scan", [eqn]))
+        elif not groups or groups[-1][0] == "scan" or i in cut_set:
+            groups.append(("segment", [eqn]))
+        else:
+            groups[-1][1].append(eqn)
+
+    used_after: list[set[int]] = [set() for _ in groups]
+    later: set[int] = {a for a in program.outs if isinstance(a, int)}
+    for g in range(len(groups) - 1, -1, -1):
+        used_after[g] = set(later)
+        for eqn in groups[g][1]:
+            later.update(a for a in eqn.ins if isinstance(a, int))
+
+    regions = []
+    for g, (kind, eqns) in enumerate(groups):
+        produced = [o for e in eqns for o in e.outs]
+        produced_set = set(produced)
+        inputs = dict.fromkeys(a for e in eqns for a in e.ins
+                               if isinstance(a, int) and a not in produced_set)
+        outputs = tuple(o for o in produced if o in used_after[g])
+        regions.append(Segment(g, kind, tuple(eqns), tuple(inputs), outputs))
+    return tuple(regions)
+
+
+def _bind(eqn: Eqn, invals: Sequence[Any]) -> list[Any]:
+    params = eqn.primitive.get_bind_params(eqn.params)
+    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), \
+            eqn.ctx.manager:
+        ans = eqn.primitive.bind(*invals, **params)
+    return list(ans) if eqn.primitive.multiple_results else [ans]
+
+
+def value_name(value_id: int) -> str:
+    """The ``checkpoint_name`` autoremat gives value ``value_id``."""
+    return f"autoremat.v{value_id}"
+
+
+def _run_eqns(eqns: Sequence[Eqn], env: dict[int, Any], consts: Mapping[int, Any],
+              named: frozenset[int], scan_policy: Callable | None) -> None:
+    def read(a: Atom) -> Any:
+        if isinstance(a, Literal):
+            return a.value
+        return env[a] if a in env else consts[a]
+
+    for eqn in eqns:
+        invals = [read(a) for a in eqn.ins]
+        if eqn.scan_body is not None:
+            outs = _run_scan(eqn, invals, consts, named, scan_policy)
+        else:
+            outs = _bind(eqn, invals)
+        for i, val in zip(eqn.outs, outs):
+            env[i] = checkpoint_name(val, value_name(i)) if i in named else val
+
+
+def scan_body_fn(body: ScanBody, consts: Mapping[int, Any], named: frozenset[int]
+                 ) -> Callable[[list, list, list], tuple[list, list]]:
+    """``(consts, carry, xs) -> (carry, ys)`` for one iteration, naming ``named``."""
+
+    def fn(const_vals: list, carry: list, xs: list) -> tuple[list, list]:
+        env = dict(zip(body.consts, const_vals))
+        env.update(zip(body.carry_in, carry))
+        env.update(zip(body.xs_in, xs))
+        _run_eqns(body.eqns, env, consts, named, None)
+        read = lambda a: a.value if isinstance(a, Literal) else (env[a] if a in env else consts[a])
+        return [read(a) for a in body.carry_out], [read(a) for a in body.ys_out]
+
+    return fn
+
+
+def _run_scan(eqn: Eqn, invals: list, consts: Mapping[int, Any], named: frozenset[int],
+              policy: Callable | None) -> list:
+    body, p = eqn.scan_body, eqn.params
+    n_consts, n_carry = p["num_consts"], p["num_carry"]
+    const_vals, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+    fn = scan_body_fn(body, consts, named)
+    step = lambda carry, x: fn(const_vals, carry, x)
+    if policy is not None:
+        step = jax.checkpoint(step, policy=policy, prevent_cse=False)
+    carry, ys = jax.lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"],
+                             unroll=p["unroll"])
+    return [*carry, *ys]
+
+
+def region_fn(program: Program, region: Segment, named: frozenset[int],
+              policy: Callable | None) -> Callable[..., list]:
+    """The region as a function of its inputs returning its outputs.
+
+    A segment is wrapped in ``jax.checkpoint(policy=policy)``; a scan gets the checkpoint
+    on its body (one region per iteration). With ``policy=None`` nothing is wrapped.
+    """
+
+    def fn(*inputs: Any) -> list:
+        env = dict(zip(region.inputs, inputs))
+        _run_eqns(region.eqns, env, program.consts, named, policy)
+        return [env[o] for o in region.outputs]
+
+    if policy is None or region.kind == "scan":
+        return fn
+    return jax.checkpoint(fn, policy=policy)
+
+
+def run_program(program: Program, regions: Sequence[Segment], named: frozenset[int],
+                policy: Callable | None, args: Sequence[Any]) -> list:
+    """Runs the whole program region by region on flat ``args``."""
+    env: dict[int, Any] = dict(zip(program.args, args))
+    for region in regions:
+        outs = region_fn(program, region, named, policy)(*(
+            env[i] if i in env else program.consts[i] for i in region.inputs))
+        env.update(zip(region.outputs, outs))
+    return [a.value if isinstance(a, Literal) else (env[a] if a in env else program.consts[a])
+            for a in program.outs]
+
+
+def nbytes(aval: jax_core.AbstractValue) -> int:
+    """Bytes of one instance of ``aval`` (0 for tokens and other non-arrays)."""
+    shape = getattr(aval, "shape", None)
+    dtype = getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize

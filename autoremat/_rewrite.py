@@ -1,0 +1,70 @@
+"""Rewriting: a function and a plan's saved values to the remat-optimized function.
+
+The function is re-traced on every new trace of the wrapper, flattened exactly as the
+tracer did (so value ids match), and re-run region by region through JAX: each region
+in a ``jax.checkpoint`` (a scan's on its body, one region per iteration), each saved
+value wrapped in ``checkpoint_name``, and the policy ``save_only_these_names``. Only
+public transformations and names carry the decisions, so the result is the same with
+``jax_remat3`` on or off.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Collection
+from typing import Any
+
+import jax
+
+from autoremat import _program
+from autoremat._trace import fingerprint_of, segment_cuts
+
+
+class PlanMismatchError(ValueError):
+    """A plan was applied to a function or argument shapes it was not made for."""
+
+
+def flat_function(fn: Callable, args: tuple, kwargs: dict
+                  ) -> tuple[Callable, list[Any], list[jax.ShapeDtypeStruct], dict]:
+    """``fn`` as a function of its flat array leaves.
+
+    Returns:
+      The flat function, the leaves, their avals, and a dict whose ``"out_tree"`` is set
+      to the output's tree structure once the flat function has run.
+    """
+    leaves, in_tree = jax.tree.flatten((args, kwargs))
+    store: dict = {}
+
+    def flat_fn(*flat: Any) -> list:
+        a, k = jax.tree.unflatten(in_tree, flat)
+        out, store["out_tree"] = jax.tree.flatten(fn(*a, **k))
+        return out
+
+    avals = [jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x)) for x in leaves]
+    return flat_fn, leaves, avals, store
+
+
+def policy_for(saved: Collection[int]) -> Callable:
+    """The ``jax.checkpoint`` policy that saves exactly the named values ``saved``."""
+    return jax.checkpoint_policies.save_only_these_names(*map(_program.value_name, sorted(saved)))
+
+
+def rewrite(fn: Callable, saved: Collection[int], fingerprint: str) -> Callable:
+    """``fn`` with the plan applied: same signature, outputs and gradients."""
+    named = frozenset(saved)
+    policy = policy_for(saved)
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        flat_fn, leaves, avals, store = flat_function(fn, args, kwargs)
+        program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
+        if fingerprint_of(program) != fingerprint:
+            raise PlanMismatchError(
+                f"this plan was made for another program (structure {fingerprint}, got "
+                f"{fingerprint_of(program)}): make a plan for this function and these argument "
+                "shapes with autoremat.plan, or use autoremat.optimize, which plans per shape.")
+        regions = _program.split_regions(program, segment_cuts(program))
+        outs = _program.run_program(program, regions, named, policy, leaves)
+        return jax.tree.unflatten(store["out_tree"], outs)
+
+    return wrapped

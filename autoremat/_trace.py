@@ -1,0 +1,295 @@
+"""Tracing: a function and abstract arguments to a :class:`Graph` of intermediate values.
+
+The forward program is traced with :func:`jax.make_jaxpr`, flattened
+(:mod:`autoremat._program`) and split into remat regions: each top-level ``scan`` is one
+region per iteration, and the unrolled code between scans is cut into segments at points
+where few bytes cross (see :func:`segment_cuts`), so that recomputation happens close to
+where the backward pass uses it.
+
+Which values the backward pass reads is not guessed from a table: for every region JAX
+itself is asked. Every value of the region is named, the region is wrapped in a
+``jax.checkpoint`` that may save every name, and the residuals of its VJP are read off.
+With names, each operation's backward reads only its (named) inputs, so this set does
+not depend on the plan; the plan only decides whether each read value is saved or
+recomputed (``shared/notes/remat-facts.md`` §1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import core as jax_core
+from jax._src import source_info_util
+
+from autoremat import _program
+from autoremat._cost import eqn_flops, jaxpr_flops
+from autoremat._graph import Graph, Region, Value
+from autoremat._program import Eqn, Literal, Program, Segment
+
+# The residual a remat region saves for a name is the name's output, sometimes behind
+# these no-op markers.
+_PASS_THROUGH = frozenset({"reduce_precision", "optimization_barrier", "name"})
+
+
+def segment_cuts(program: Program) -> tuple[int, ...]:
+    """Equation indices at which unrolled code starts a new segment.
+
+    The number of segments aims at ``sqrt(#equations)`` of roughly equal produced bytes.
+    Each cut is placed, inside a window of 0.5 to 1.5 target sizes after the previous
+    cut, at the position where the fewest bytes of earlier values are still to be read
+    (a layer boundary in a network, where only the residual stream crosses). Scans
+    always get regions of their own.
+    """
+    eqns = program.eqns
+    n = len(eqns)
+    if n < 4:
+        return ()
+    produced = np.zeros(n, np.int64)
+    crossing = np.zeros(n + 1, np.int64)  # crossing[p]: bytes produced before p, read at/after p
+    born: dict[int, int] = {}
+    last_use: dict[int, int] = {}
+    for i, e in enumerate(eqns):
+        for a in e.ins:
+            if isinstance(a, int) and a in born:
+                last_use[a] = i
+        for o in e.outs:
+            born[o] = i
+            produced[i] += _program.nbytes(program.avals[o])
+    for o, i in born.items():
+        if o in last_use:
+            crossing[i + 1] += _program.nbytes(program.avals[o])
+            crossing[last_use[o] + 1] -= _program.nbytes(program.avals[o])
+    crossing = np.cumsum(crossing)
+    total = int(produced.sum())
+    target = total / max(1, round(math.sqrt(n)))
+    acc = np.concatenate([[0], np.cumsum(produced)])
+    cuts: list[int] = []
+    start = 0
+    while True:
+        lo = int(np.searchsorted(acc, acc[start] + 0.5 * target, side="left"))
+        hi = int(np.searchsorted(acc, acc[start] + 1.5 * target, side="right"))
+        lo, hi = max(lo, start + 1), min(hi, n - 1)
+        if lo > hi or acc[n] - acc[start] < 1.5 * target:
+            break
+        window = crossing[lo:hi + 1]
+        cut = lo + int(np.argmin(window))
+        cuts.append(cut)
+        start = cut
+    return tuple(cuts)
+
+
+def _residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
+               ) -> tuple[set[str], set[int], int]:
+    """What ``fn``'s VJP keeps: (names, indices of arguments, bytes of anything else)."""
+    closed = jax.make_jaxpr(lambda *a: jax.vjp(fn, *a)[1])(*avals)
+    jaxpr = closed.jaxpr
+    producer = {v: e for e in jaxpr.eqns for v in e.outvars}
+    arg_index = {v: i for i, v in enumerate(jaxpr.invars)}
+    names: set[str] = set()
+    args: set[int] = set()
+    other = 0
+    for var in jaxpr.outvars:
+        if isinstance(var, jax_core.Literal):
+            continue
+        name = None
+        while var in producer and producer[var].primitive.name in _PASS_THROUGH:
+            eqn = producer[var]
+            if eqn.primitive.name == "name":
+                name = eqn.params["name"]
+                break
+            var = eqn.invars[0]
+        if name is not None:
+            names.add(name)
+        elif var in arg_index:
+            args.add(arg_index[var])
+        elif var not in producer or producer[var].primitive.name != "name":
+            other += _program.nbytes(var.aval)
+    return names, args, other
+
+
+def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], live_out: set[int],
+                avals: dict, free: set[int]) -> int:
+    """Peak bytes live in one pass over ``eqns``, freeing each value after its last read."""
+    last: dict[int, int] = {}
+    for i, e in enumerate(eqns):
+        for a in e.ins:
+            if isinstance(a, int):
+                last[a] = i
+    size = lambda i: 0 if i in free else _program.nbytes(avals[i])
+    live = {i for i in inputs if i in last}
+    cur = peak = sum(size(i) for i in live)
+    for i, e in enumerate(eqns):
+        for o in e.outs:
+            cur += size(o)
+            live.add(o)
+        peak = max(peak, cur)
+        for a in set(a for a in e.ins if isinstance(a, int)):
+            if last.get(a) == i and a not in live_out and a in live:
+                live.discard(a)
+                cur -= size(a)
+    return peak
+
+
+def _source(eqn: Eqn) -> str:
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    return f"{frame.file_name}:{frame.start_line}" if frame else "?"
+
+
+def _avals(ids: Sequence[int], avals: dict) -> list[jax.ShapeDtypeStruct]:
+    return [jax.ShapeDtypeStruct(avals[i].shape, avals[i].dtype) for i in ids]
+
+
+def _is_float(aval: Any) -> bool:
+    return hasattr(aval, "dtype") and jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
+
+
+def _step_flops(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
+    """FLOPs of the forward and backward pass without remat, counted on its jaxpr."""
+
+    def step(*args: Any) -> Any:
+        out, vjp = jax.vjp(flat_fn, *args)
+        cts = [jax.numpy.ones_like(o) if _is_float(o) else
+               np.zeros(np.shape(o), jax.dtypes.float0) for o in out]
+        return vjp(cts)
+
+    return jaxpr_flops(jax.make_jaxpr(step)(*avals).jaxpr)
+
+
+def fingerprint_of(program: Program) -> str:
+    h = hashlib.sha256()
+    for e in program.eqns:
+        h.update(e.primitive.name.encode())
+        for o in e.outs:
+            h.update(str(program.avals[o]).encode())
+        if e.scan_body is not None:
+            for b in e.scan_body.eqns:
+                h.update(b.primitive.name.encode())
+    return h.hexdigest()[:16]
+
+
+def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
+          ) -> tuple[Program, tuple[Segment, ...], Graph]:
+    """Traces ``flat_fn`` (flat array arguments to a flat list of outputs).
+
+    Returns:
+      The flattened program, its regions, and the value graph.
+    """
+    program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
+    regions = _program.split_regions(program, segment_cuts(program))
+    free = set(program.args) | set(program.consts)
+    producer_region: dict[int, int] = {}
+    for r in regions:
+        for e in r.eqns:
+            producer_region.update((o, r.index) for o in e.outs)
+
+    records: dict[int, dict[str, Any]] = {}
+    region_infos = []
+    needed_across: set[int] = set()
+
+    def add(vid: int, region: int, mult: int, primitive: str, source: str, flops: int,
+            inputs: Sequence[Atom], saveable: bool, recomputable: bool) -> None:
+        aval = program.avals[vid]
+        records[vid] = dict(
+            id=vid, shape=tuple(aval.shape), dtype=str(aval.dtype), nbytes=_program.nbytes(aval),
+            multiplicity=mult, primitive=primitive, source=source, flops=flops, region=region,
+            inputs=tuple(dict.fromkeys(a for a in inputs if isinstance(a, int) and a not in free)),
+            saveable=saveable, recomputable=recomputable, needed=False)
+
+    def add_eqns(eqns: Sequence[Eqn], region: int, mult: int, alias: dict[int, Atom]) -> None:
+        for e in eqns:
+            ins = [alias.get(a, a) if isinstance(a, int) else a for a in e.ins]
+            in_avals = [program.avals[a] if isinstance(a, int) else a.aval
+                        for a in e.ins]
+            flops = eqn_flops(e.primitive.name, e.params, in_avals, [program.avals[o] for o in e.outs])
+            top_scan = e.scan_body is not None
+            for o in e.outs:
+                add(o, region, mult, e.primitive.name, _source(e), flops // max(1, len(e.outs)),
+                    ins, saveable=True, recomputable=not top_scan)
+
+    for r in regions:
+        if r.kind == "segment":
+            add_eqns(r.eqns, r.index, 1, {})
+            named = frozenset(o for e in r.eqns for o in e.outs)
+            policy = jax.checkpoint_policies.save_only_these_names(*map(_program.value_name, named))
+            fn = _program.region_fn(program, r, named, policy)
+            names, arg_pos, _ = _residuals(fn, _avals(r.inputs, program.avals))
+            for name in names:
+                records[int(name.rsplit("v", 1)[1])]["needed"] = True
+            needed_across.update(r.inputs[k] for k in arg_pos)
+            work = _work_bytes(r.eqns, r.inputs, set(r.outputs), program.avals, free)
+            region_infos.append(Region(r.index, "segment", 1, work))
+            continue
+        (scan,) = r.eqns
+        body, length = scan.scan_body, scan.params["length"]
+        n_consts = scan.params["num_consts"]
+        outer_consts = scan.ins[:n_consts]
+        outer_xs = scan.ins[n_consts + len(body.carry_in):]
+        add_eqns([scan], r.index, 1, {})
+        alias = dict(zip(body.consts, outer_consts))
+        for c in body.carry_in:
+            add(c, r.index, length, "carry_in", _source(scan), 0, (), saveable=True,
+                recomputable=False)
+        for x, outer in zip(body.xs_in, outer_xs):
+            add(x, r.index, length, "xs_in", _source(scan), 0, (outer,), saveable=False,
+                recomputable=True)
+        add_eqns(body.eqns, r.index, length, alias)
+        # JAX hoists residuals computed from loop invariants alone: saved once, not per step.
+        invariant = set(body.consts)
+        for e in body.eqns:
+            if all(not isinstance(a, int) or a in invariant or a in free for a in e.ins):
+                invariant.update(e.outs)
+                for o in e.outs:
+                    records[o]["multiplicity"] = 1
+        named = frozenset(o for e in body.eqns for o in e.outs)
+        policy = jax.checkpoint_policies.save_only_these_names(*map(_program.value_name, named))
+        step = _program.scan_body_fn(body, program.consts, named)
+        groups = (body.consts, body.carry_in, body.xs_in)
+        fn = jax.checkpoint(lambda c, h, x: step(c, h, x), policy=policy, prevent_cse=False)
+        names, arg_pos, _ = _residuals(
+            lambda *flat: fn(*_split(flat, groups)),
+            _avals([*body.consts, *body.carry_in, *body.xs_in], program.avals))
+        for name in names:
+            records[int(name.rsplit("v", 1)[1])]["needed"] = True
+        flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
+        for k in arg_pos:
+            vid = flat_ids[k]
+            if isinstance(vid, int) and vid in records and records[vid]["region"] == r.index:
+                records[vid]["needed"] = True
+            elif isinstance(vid, int):
+                needed_across.add(vid)
+        work = _work_bytes(body.eqns, [*body.carry_in, *body.xs_in], set(), program.avals,
+                           free | set(body.consts) | set(body.xs_in))
+        region_infos.append(Region(r.index, "scan", length, work))
+
+    # An xs slice is a view of the scan's input: reading it holds the whole input.
+    for vid, rec in records.items():
+        if rec["primitive"] == "xs_in" and rec["needed"]:
+            needed_across.update(rec["inputs"])
+    values = tuple(Value(**rec, needed_across=vid in needed_across)
+                   for vid, rec in sorted(records.items()))
+    arg_avals = [program.avals[a] for a in program.args]
+    graph = Graph(
+        values=values,
+        regions=tuple(region_infos),
+        arg_bytes=sum(_program.nbytes(a) for a in arg_avals),
+        grad_bytes=sum(_program.nbytes(a) for a in arg_avals if _is_float(a)),
+        step_flops=_step_flops(flat_fn, avals),
+        fingerprint=fingerprint_of(program),
+    )
+    return program, regions, graph
+
+
+def _split(flat: Sequence[Any], groups: Sequence[Sequence[int]]) -> list[list[Any]]:
+    out, k = [], 0
+    for g in groups:
+        out.append(list(flat[k:k + len(g)]))
+        k += len(g)
+    return out
+
+
+Atom = _program.Atom

@@ -1,0 +1,230 @@
+"""The policy-level remat problem: save or recompute each value, under a peak-memory budget.
+
+This is the model autoremat plans with, stated over plain arrays so that it can be
+solved, checked and compared without JAX. Values belong to *regions* (one
+``jax.checkpoint`` each) numbered in program order. The backward pass visits regions
+in reverse; at region ``i``'s backward stage the memory in use is::
+
+    base[i] + sum(held[v] * save[v] for v in regions <= i)
+            + sum(transient[v] * recompute[v] for v in region i)
+
+(the values saved so far stay until their region's backward has run; the values region
+``i`` recomputes are live together during its backward). The plan's peak is the largest
+stage. Feasibility:
+
+* a value the backward reads (``must_cover``) is saved or recomputed;
+* a value another region reads (``must_save``) is saved;
+* a recomputed value's inputs are saved or, within its region, recomputed too; an input
+  from another region must be saved (a region cannot recompute another's values).
+
+The objective is the total recompute cost. The integer program has ``2V + R`` variables
+and ``O(V + E + R)`` nonzeros, built from arrays (``shared/notes/remat-facts.md`` §4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import scipy.sparse as sp
+
+from autoremat_solvers.milp import Milp, MilpResult, MilpStatus, solve_milp
+
+__all__ = ["PolicyProblem", "PolicyResult", "evaluate", "prune", "solve", "solve_min_peak",
+           "stage_bytes", "violations"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PolicyProblem:
+    """A policy-level remat problem over ``V`` values and ``R`` regions (see module doc).
+
+    Attributes:
+      cost: recompute cost of each value (all its instances).
+      held: bytes kept from the value's region's stage on if it is saved.
+      transient: bytes live during its region's backward stage if it is recomputed.
+      region: region of each value, ``0..R-1`` in program order.
+      base: bytes in use at each region's backward stage whatever the plan.
+      must_cover, must_save, can_save, can_recompute: boolean masks.
+      edges: ``(E, 2)`` array of ``(input, consumer)`` value indices.
+    """
+
+    cost: np.ndarray
+    held: np.ndarray
+    transient: np.ndarray
+    region: np.ndarray
+    base: np.ndarray
+    must_cover: np.ndarray
+    must_save: np.ndarray
+    can_save: np.ndarray
+    can_recompute: np.ndarray
+    edges: np.ndarray
+
+    @property
+    def num_values(self) -> int:
+        return len(self.cost)
+
+    @property
+    def num_regions(self) -> int:
+        return len(self.base)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PolicyResult:
+    """A solve's outcome; ``save``/``recompute`` are ``None`` when no plan was found."""
+
+    status: MilpStatus
+    save: np.ndarray | None
+    recompute: np.ndarray | None
+    cost: float
+    peak: int
+    bound: float
+    gap: float
+    wall_s: float
+
+
+def stage_bytes(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray) -> np.ndarray:
+    """Bytes in use at each region's backward stage, in exact integer arithmetic."""
+    R = problem.num_regions
+    held = np.zeros(R, dtype=object)
+    trans = np.zeros(R, dtype=object)
+    for v in np.flatnonzero(save):
+        held[problem.region[v]] += int(problem.held[v])
+    for v in np.flatnonzero(recompute):
+        trans[problem.region[v]] += int(problem.transient[v])
+    return np.array([int(b) for b in problem.base], dtype=object) + np.cumsum(held) + trans
+
+
+def evaluate(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray) -> tuple[float, int]:
+    """``(recompute cost, peak bytes)`` of a plan."""
+    peak = int(max(stage_bytes(problem, save, recompute), default=0))
+    return float(problem.cost[recompute.astype(bool)].sum()), peak
+
+
+def violations(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray) -> list[str]:
+    """Every feasibility rule the plan breaks (empty when it is valid); budget not checked."""
+    s, r = save.astype(bool), recompute.astype(bool)
+    out = []
+    for v in np.flatnonzero(problem.must_cover & ~s & ~r):
+        out.append(f"value {v} is read by the backward pass but neither saved nor recomputed")
+    for v in np.flatnonzero(problem.must_save & ~s):
+        out.append(f"value {v} is read by another region but not saved")
+    for v in np.flatnonzero(s & ~problem.can_save):
+        out.append(f"value {v} cannot be saved")
+    for v in np.flatnonzero(r & ~problem.can_recompute):
+        out.append(f"value {v} cannot be recomputed")
+    for u, v in problem.edges:
+        same = problem.region[u] == problem.region[v]
+        if r[v] and not (s[u] or (same and r[u])):
+            out.append(f"value {v} is recomputed but its input {u} is not available")
+    return out
+
+
+def prune(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Drops saves and recomputes that nothing reads (a solver may leave them in)."""
+    s = save.astype(bool).copy()
+    r = recompute.astype(bool) & ~s
+    same_region_readers: dict[int, list[int]] = {}
+    readers: dict[int, list[int]] = {}
+    for u, v in problem.edges:
+        readers.setdefault(int(u), []).append(int(v))
+        if problem.region[u] == problem.region[v]:
+            same_region_readers.setdefault(int(u), []).append(int(v))
+    # Readers come after their inputs (values are in program order): sweep backwards.
+    for v in range(problem.num_values - 1, -1, -1):
+        if r[v] and not problem.must_cover[v]:
+            r[v] = any(r[w] for w in same_region_readers.get(v, ()))
+    for v in np.flatnonzero(s):
+        if not (problem.must_cover[v] or problem.must_save[v]):
+            s[v] = any(r[w] for w in readers.get(int(v), ()))
+    return s, r
+
+
+def _model(problem: PolicyProblem, budget: float | None) -> Milp:
+    """Variables ``[save (V), recompute (V), held per region (R), peak (1)]``."""
+    V, R = problem.num_values, problem.num_regions
+    n = 2 * V + R + 1
+    S, Rv, H, P = 0, V, 2 * V, 2 * V + R
+    rows, cols, vals, lo, hi = [], [], [], [], []
+
+    def add_rows(row_ids: np.ndarray, col_ids: np.ndarray, coefs: np.ndarray) -> None:
+        rows.append(row_ids), cols.append(col_ids), vals.append(coefs.astype(float))
+
+    m = 0
+    cover = np.flatnonzero(problem.must_cover)
+    k = len(cover)
+    add_rows(np.tile(m + np.arange(k), 2), np.concatenate([S + cover, Rv + cover]), np.ones(2 * k))
+    lo.append(np.ones(k)), hi.append(np.full(k, np.inf))
+    m += k
+
+    u, v = problem.edges[:, 0], problem.edges[:, 1]
+    E = len(u)
+    same = problem.region[u] == problem.region[v]
+    e_rows = m + np.arange(E)
+    add_rows(e_rows, Rv + v, np.ones(E))
+    add_rows(e_rows, S + u, -np.ones(E))
+    add_rows(e_rows[same], Rv + u[same], -np.ones(int(same.sum())))
+    lo.append(np.full(E, -np.inf)), hi.append(np.zeros(E))
+    m += E
+
+    vals_idx = np.arange(V)
+    add_rows(m + problem.region, S + vals_idx, -problem.held.astype(float))
+    add_rows(m + np.arange(R), H + np.arange(R), np.ones(R))
+    lo.append(np.zeros(R)), hi.append(np.zeros(R))
+    m += R
+
+    tri_r, tri_c = np.tril_indices(R)
+    add_rows(m + tri_r, H + tri_c, np.ones(len(tri_r)))
+    add_rows(m + problem.region, Rv + vals_idx, problem.transient.astype(float))
+    base = problem.base.astype(float)
+    if budget is None:
+        add_rows(m + np.arange(R), np.full(R, P), -np.ones(R))
+        lo.append(np.full(R, -np.inf)), hi.append(-base)
+    else:
+        lo.append(np.full(R, -np.inf)), hi.append(budget - base)
+    m += R
+
+    A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(m, n))
+    c = np.zeros(n)
+    if budget is None:
+        c[P] = 1.0
+    else:
+        c[Rv:Rv + V] = problem.cost
+    var_lb = np.concatenate([problem.must_save.astype(float), np.zeros(V + R + 1)])
+    var_ub = np.concatenate([problem.can_save.astype(float), problem.can_recompute.astype(float),
+                             np.full(R + 1, np.inf)])
+    integer = np.concatenate([np.ones(2 * V, bool), np.zeros(R + 1, bool)])
+    return Milp(c, A, np.concatenate(lo), np.concatenate(hi), var_lb, var_ub, integer)
+
+
+def _result(problem: PolicyProblem, milp_result: MilpResult) -> PolicyResult:
+    V = problem.num_values
+    if milp_result.x is None:
+        return PolicyResult(milp_result.status, None, None, np.inf, 0, milp_result.bound, np.inf,
+                            milp_result.wall_s)
+    save, recompute = prune(problem, milp_result.x[:V] > 0.5, milp_result.x[V:2 * V] > 0.5)
+    cost, peak = evaluate(problem, save, recompute)
+    return PolicyResult(milp_result.status, save, recompute, cost, peak, milp_result.bound,
+                        milp_result.gap, milp_result.wall_s)
+
+
+def solve(problem: PolicyProblem, budget: int, *, time_limit_s: float | None = None,
+          relative_gap: float = 0.0, backend: str = "HIGHS") -> PolicyResult:
+    """The least-recompute plan whose peak is at most ``budget`` bytes."""
+    margin = 0
+    for _ in range(4):
+        res = _result(problem, solve_milp(_model(problem, budget - margin), backend=backend,
+                                          time_limit_s=time_limit_s, relative_gap=relative_gap))
+        # The solver's feasibility tolerance is relative; the exact peak decides.
+        if res.save is None or res.peak <= budget:
+            return res
+        margin += res.peak - budget
+    raise RuntimeError("solver kept returning plans over the budget")
+
+
+def solve_min_peak(problem: PolicyProblem, *, time_limit_s: float | None = None,
+                   backend: str = "HIGHS") -> PolicyResult:
+    """A plan with the smallest peak the model allows (recompute cost not minimized)."""
+    return _result(problem, solve_milp(_model(problem, None), backend=backend,
+                                       time_limit_s=time_limit_s))
