@@ -41,6 +41,11 @@ cumprod cummax cummin cumlogsumexp sort reduce_xor
 _warned: set[str] = set()
 
 
+def fusible(name: str) -> bool:
+    """Whether XLA fuses ``name`` into its consumers, so its output need not exist."""
+    return name in _FREE or name in _ELEMENTWISE
+
+
 def _size(aval: Any) -> int:
     shape = getattr(aval, "shape", ())
     return int(np.prod(shape, dtype=np.int64))

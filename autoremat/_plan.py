@@ -104,15 +104,18 @@ def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
 
 
 def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: Budget, *,
-              time_limit_s: float | None = None, backend: str = "HIGHS") -> Plan:
+              time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP")
+              ) -> Plan:
     """:func:`plan` for a function of flat array arguments returning a flat list."""
     _, _, graph = _trace.trace(flat_fn, avals)
     problem = _solve.to_problem(graph)
     baseline = _solve.no_remat(graph, problem)
     budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
-    result = policy_model.solve(problem, budget_bytes, time_limit_s=time_limit_s, backend=backend)
+    result = policy_model.solve(problem, budget_bytes, time_limit_s=time_limit_s,
+                                backends=backends)
     if result.status is MilpStatus.INFEASIBLE:
-        floor = policy_model.solve_min_peak(problem, time_limit_s=time_limit_s, backend=backend)
+        floor = policy_model.solve_min_peak(problem, time_limit_s=time_limit_s,
+                                            backend=backends[0])
         raise InfeasibleBudgetError(budget_bytes, floor.peak)
     if result.status is MilpStatus.NO_SOLUTION:
         raise SolverTimeoutError(
@@ -126,8 +129,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
                 solve_seconds=d.solve_seconds, graph=graph)
 
 
-def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float | None = None,
-         backend: str = "HIGHS", **kwargs: Any) -> Plan:
+def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
+         backends: tuple[str, ...] = ("HIGHS", "SCIP"), **kwargs: Any) -> Plan:
     """Plans remat for ``fn(*args, **kwargs)`` under ``budget``.
 
     Args:
@@ -138,8 +141,10 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float | None = 
       budget: peak bytes of the whole gradient computation: an int, a string with a unit
         (``"6GiB"``, ``"512MiB"``, ``"2GB"``), or a float in (0, 1], the fraction of the
         no-remat activation memory (on top of arguments and gradients).
-      time_limit_s: stop the solver after this long with the best plan found.
-      backend: the OR-tools MIP backend, ``"HIGHS"``, ``"SCIP"`` or ``"CBC"``.
+      time_limit_s: stop the solver after this long with the best plan found (its status
+        is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
+      backends: OR-tools MIP backends tried in turn within the time limit, from
+        ``"HIGHS"``, ``"SCIP"`` and ``"CBC"``.
 
     Returns:
       A :class:`Plan`.
@@ -160,11 +165,12 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float | None = 
       >>> grads = jax.grad(p.apply(loss))(w, x)
     """
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
-    return plan_flat(flat_fn, avals, budget, time_limit_s=time_limit_s, backend=backend)
+    return plan_flat(flat_fn, avals, budget, time_limit_s=time_limit_s, backends=backends)
 
 
 def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int] = (),
-             time_limit_s: float | None = None, backend: str = "HIGHS") -> Callable:
+             time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP")
+             ) -> Callable:
     """``fn`` with automatic remat under ``budget``: same signature, same gradients.
 
     The plan is made the first time the function is called (or traced) with a given
@@ -202,7 +208,7 @@ def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int
             apply = cache.get(key)
             if apply is None:
                 p = plan(bound, *dynamic, budget=budget, time_limit_s=time_limit_s,
-                         backend=backend, **kwargs)
+                         backends=backends, **kwargs)
                 apply = cache[key] = p.apply(bound)
         return apply(*dynamic, **kwargs)
 

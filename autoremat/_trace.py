@@ -2,9 +2,9 @@
 
 The forward program is traced with :func:`jax.make_jaxpr`, flattened
 (:mod:`autoremat._program`) and split into remat regions: each top-level ``scan`` is one
-region per iteration, and the unrolled code between scans is cut into segments at points
-where few bytes cross (see :func:`segment_cuts`), so that recomputation happens close to
-where the backward pass uses it.
+region per iteration, and the unrolled code between scans is cut into segments where
+few bytes cross (see :func:`segment_cuts`), so that recomputation happens close to where
+the backward pass uses it.
 
 Which values the backward pass reads is not guessed from a table: for every region JAX
 itself is asked. Every value of the region is named, the region is wrapped in a
@@ -27,7 +27,7 @@ from jax._src import core as jax_core
 from jax._src import source_info_util
 
 from autoremat import _program
-from autoremat._cost import eqn_flops, jaxpr_flops
+from autoremat._cost import eqn_flops, fusible, jaxpr_flops
 from autoremat._graph import Graph, Region, Value
 from autoremat._program import Eqn, Literal, Program, Segment
 
@@ -39,18 +39,18 @@ _PASS_THROUGH = frozenset({"reduce_precision", "optimization_barrier", "name"})
 def segment_cuts(program: Program) -> tuple[int, ...]:
     """Equation indices at which unrolled code starts a new segment.
 
-    The number of segments aims at ``sqrt(#equations)`` of roughly equal produced bytes.
-    Each cut is placed, inside a window of 0.5 to 1.5 target sizes after the previous
-    cut, at the position where the fewest bytes of earlier values are still to be read
-    (a layer boundary in a network, where only the residual stream crosses). Scans
-    always get regions of their own.
+    A cut can go where the bytes of earlier values still to be read are within 1.5x of
+    the least such crossing in the middle 80% of the program: a layer boundary, where
+    only the residual stream crosses. Cuts are then thinned so that each segment produces
+    at least half of ``total produced bytes / sqrt(#equations)``. Scans always get regions
+    of their own.
     """
     eqns = program.eqns
     n = len(eqns)
     if n < 4:
         return ()
     produced = np.zeros(n, np.int64)
-    crossing = np.zeros(n + 1, np.int64)  # crossing[p]: bytes produced before p, read at/after p
+    crossing = np.zeros(n + 1, np.int64)  # crossing[p]: bytes made before p, read at/after p
     born: dict[int, int] = {}
     last_use: dict[int, int] = {}
     for i, e in enumerate(eqns):
@@ -65,21 +65,15 @@ def segment_cuts(program: Program) -> tuple[int, ...]:
             crossing[i + 1] += _program.nbytes(program.avals[o])
             crossing[last_use[o] + 1] -= _program.nbytes(program.avals[o])
     crossing = np.cumsum(crossing)
-    total = int(produced.sum())
-    target = total / max(1, round(math.sqrt(n)))
+    lo, hi = max(1, n // 10), max(2, n - n // 10)
+    threshold = 1.5 * max(1, int(crossing[lo:hi].min()))
+    min_size = 0.5 * produced.sum() / math.sqrt(n)
     acc = np.concatenate([[0], np.cumsum(produced)])
     cuts: list[int] = []
-    start = 0
-    while True:
-        lo = int(np.searchsorted(acc, acc[start] + 0.5 * target, side="left"))
-        hi = int(np.searchsorted(acc, acc[start] + 1.5 * target, side="right"))
-        lo, hi = max(lo, start + 1), min(hi, n - 1)
-        if lo > hi or acc[n] - acc[start] < 1.5 * target:
-            break
-        window = crossing[lo:hi + 1]
-        cut = lo + int(np.argmin(window))
-        cuts.append(cut)
-        start = cut
+    for p in range(1, n):
+        if crossing[p] <= threshold and acc[p] - acc[cuts[-1] if cuts else 0] >= min_size \
+                and acc[n] - acc[p] >= min_size:
+            cuts.append(p)
     return tuple(cuts)
 
 
@@ -112,15 +106,22 @@ def _residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
     return names, args, other
 
 
-def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], live_out: set[int],
-                avals: dict, free: set[int]) -> int:
-    """Peak bytes live in one pass over ``eqns``, freeing each value after its last read."""
+def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int], avals: dict,
+                free: set[int]) -> int:
+    """Peak bytes live in one pass over ``eqns``, each value freed after its last read.
+
+    Values in ``kept`` (read after the region) live to the end. Other outputs of
+    elementwise and data-movement ops are taken to be fused into their consumers, as XLA
+    does, and cost nothing. Residuals are not counted here: the memory model adds saved
+    and recomputed values itself.
+    """
     last: dict[int, int] = {}
     for i, e in enumerate(eqns):
         for a in e.ins:
             if isinstance(a, int):
                 last[a] = i
-    size = lambda i: 0 if i in free else _program.nbytes(avals[i])
+    fused = {o for e in eqns if fusible(e.primitive.name) for o in e.outs if o not in kept}
+    size = lambda i: 0 if i in free or i in fused else _program.nbytes(avals[i])
     live = {i for i in inputs if i in last}
     cur = peak = sum(size(i) for i in live)
     for i, e in enumerate(eqns):
@@ -129,7 +130,7 @@ def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], live_out: set[int],
             live.add(o)
         peak = max(peak, cur)
         for a in set(a for a in e.ins if isinstance(a, int)):
-            if last.get(a) == i and a not in live_out and a in live:
+            if last.get(a) == i and a not in kept and a in live:
                 live.discard(a)
                 cur -= size(a)
     return peak
@@ -137,7 +138,9 @@ def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], live_out: set[int],
 
 def _source(eqn: Eqn) -> str:
     frame = source_info_util.user_frame(eqn.source_info.traceback)
-    return f"{frame.file_name}:{frame.start_line}" if frame else "?"
+    if frame is not None:
+        return f"{frame.file_name}:{frame.start_line}"
+    return source_info_util.summarize(eqn.source_info)
 
 
 def _avals(ids: Sequence[int], avals: dict) -> list[jax.ShapeDtypeStruct]:
@@ -262,7 +265,8 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
                 records[vid]["needed"] = True
             elif isinstance(vid, int):
                 needed_across.add(vid)
-        work = _work_bytes(body.eqns, [*body.carry_in, *body.xs_in], set(), program.avals,
+        kept = {a for a in (*body.carry_out, *body.ys_out) if isinstance(a, int)}
+        work = _work_bytes(body.eqns, [*body.carry_in, *body.xs_in], kept, program.avals,
                            free | set(body.consts) | set(body.xs_in))
         region_infos.append(Region(r.index, "scan", length, work))
 

@@ -1,5 +1,8 @@
 """A GPT-2-style decoder (pre-LayerNorm, learned positions, GELU MLP, tied embeddings).
 
+Activations stay in the parameter dtype (bf16 for :data:`GPT2_SMALL`), LayerNorm
+statistics are computed in float32, and the causal mask is an additive bias.
+
 Layers are unrolled (a Python loop) or scanned (``jax.lax.scan`` over stacked layer
 parameters). :data:`GPT2_SMALL` has GPT-2 small's shapes; :data:`GPT2_TINY` is for tests.
 """
@@ -101,9 +104,8 @@ def block(p: Params, x: jax.Array, n_head: int) -> jax.Array:
     q, k, v = jnp.split(qkv.reshape(B, T, 3, n_head, D // n_head), 3, axis=2)
     q, k, v = (t[:, :, 0].transpose(0, 2, 1, 3) for t in (q, k, v))
     scores = (q @ k.transpose(0, 1, 3, 2)) / jnp.sqrt(jnp.asarray(D // n_head, x.dtype))
-    causal = jnp.tril(jnp.ones((T, T), bool))
-    scores = jnp.where(causal, scores, jnp.asarray(-1e9, scores.dtype))
-    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(x.dtype)
+    causal_bias = jnp.where(jnp.tril(jnp.ones((T, T), bool)), 0.0, -1e9).astype(x.dtype)
+    probs = jax.nn.softmax(scores + causal_bias, axis=-1)
     attn = (probs @ v).transpose(0, 2, 1, 3).reshape(B, T, D)
     x = x + attn @ p["w_out"] + p["b_out"]
     h = _layer_norm(x, p["ln2_g"], p["ln2_b"])
@@ -123,9 +125,9 @@ def make_loss(c: GPT2Config) -> Any:
             for p in params["layers"]:
                 x = block(p, x, c.n_head)
         x = _layer_norm(x, params["lnf_g"], params["lnf_b"])
-        logits = (x @ params["wte"].T).astype(jnp.float32)
+        logits = x @ params["wte"].T
         logp = jax.nn.log_softmax(logits, axis=-1)
         nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)
-        return nll.mean()
+        return nll.astype(jnp.float32).mean()
 
     return loss

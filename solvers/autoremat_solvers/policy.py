@@ -24,6 +24,7 @@ and ``O(V + E + R)`` nonzeros, built from arrays (``shared/notes/remat-facts.md`
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -140,6 +141,14 @@ def prune(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray
     return s, r
 
 
+def _memory_unit(problem: PolicyProblem) -> float:
+    return float(max(1, problem.held.max(initial=1), problem.transient.max(initial=1)))
+
+
+def _cost_unit(problem: PolicyProblem) -> float:
+    return max(1.0, float(problem.cost.max(initial=1.0)))
+
+
 def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     """Variables ``[save (V), recompute (V), held per region (R), peak (1)]``."""
     V, R = problem.num_values, problem.num_regions
@@ -167,21 +176,24 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     lo.append(np.full(E, -np.inf)), hi.append(np.zeros(E))
     m += E
 
+    # Memory rows in units of the largest value, objective in units of the largest cost:
+    # coefficients near 1 keep the solver's tolerances meaningful (bytes reach 1e10).
+    unit = _memory_unit(problem)
     vals_idx = np.arange(V)
-    add_rows(m + problem.region, S + vals_idx, -problem.held.astype(float))
+    add_rows(m + problem.region, S + vals_idx, -problem.held / unit)
     add_rows(m + np.arange(R), H + np.arange(R), np.ones(R))
     lo.append(np.zeros(R)), hi.append(np.zeros(R))
     m += R
 
     tri_r, tri_c = np.tril_indices(R)
     add_rows(m + tri_r, H + tri_c, np.ones(len(tri_r)))
-    add_rows(m + problem.region, Rv + vals_idx, problem.transient.astype(float))
-    base = problem.base.astype(float)
+    add_rows(m + problem.region, Rv + vals_idx, problem.transient / unit)
+    base = problem.base / unit
     if budget is None:
         add_rows(m + np.arange(R), np.full(R, P), -np.ones(R))
         lo.append(np.full(R, -np.inf)), hi.append(-base)
     else:
-        lo.append(np.full(R, -np.inf)), hi.append(budget - base)
+        lo.append(np.full(R, -np.inf)), hi.append(budget / unit - base)
     m += R
 
     A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
@@ -190,7 +202,7 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     if budget is None:
         c[P] = 1.0
     else:
-        c[Rv:Rv + V] = problem.cost
+        c[Rv:Rv + V] = problem.cost / _cost_unit(problem)
     var_lb = np.concatenate([problem.must_save.astype(float), np.zeros(V + R + 1)])
     var_ub = np.concatenate([problem.can_save.astype(float), problem.can_recompute.astype(float),
                              np.full(R + 1, np.inf)])
@@ -198,24 +210,57 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     return Milp(c, A, np.concatenate(lo), np.concatenate(hi), var_lb, var_ub, integer)
 
 
-def _result(problem: PolicyProblem, milp_result: MilpResult) -> PolicyResult:
+def _result(problem: PolicyProblem, milp_result: MilpResult, bound_unit: float) -> PolicyResult:
     V = problem.num_values
+    bound = milp_result.bound * bound_unit
     if milp_result.x is None:
-        return PolicyResult(milp_result.status, None, None, np.inf, 0, milp_result.bound, np.inf,
+        return PolicyResult(milp_result.status, None, None, np.inf, 0, bound, np.inf,
                             milp_result.wall_s)
     save, recompute = prune(problem, milp_result.x[:V] > 0.5, milp_result.x[V:2 * V] > 0.5)
     cost, peak = evaluate(problem, save, recompute)
-    return PolicyResult(milp_result.status, save, recompute, cost, peak, milp_result.bound,
+    return PolicyResult(milp_result.status, save, recompute, cost, peak, bound,
                         milp_result.gap, milp_result.wall_s)
 
 
-def solve(problem: PolicyProblem, budget: int, *, time_limit_s: float | None = None,
-          relative_gap: float = 0.0, backend: str = "HIGHS") -> PolicyResult:
-    """The least-recompute plan whose peak is at most ``budget`` bytes."""
+def solve(problem: PolicyProblem, budget: int, *, time_limit_s: float = 60.0,
+          relative_gap: float = 1e-4, backends: tuple[str, ...] = ("HIGHS", "SCIP")
+          ) -> PolicyResult:
+    """The least-recompute plan whose peak is at most ``budget`` bytes.
+
+    The backends are tried in turn, sharing ``time_limit_s``, until one proves its plan
+    optimal (within ``relative_gap``) or infeasibility; otherwise the cheapest plan found
+    is returned with status ``FEASIBLE``. (Measured on GPT-2-small: each of HiGHS and
+    SCIP sometimes stalls on a budget the other solves in seconds.) When no backend found
+    a plan but the budget is at least the smallest feasible peak, the min-peak plan is
+    returned as a last resort.
+    """
+    start = time.perf_counter()
+    best: PolicyResult | None = None
+    share = time_limit_s / len(backends)
+    for backend in backends:
+        res = _solve_within_budget(problem, budget, share, relative_gap, backend)
+        if res.status in (MilpStatus.OPTIMAL, MilpStatus.INFEASIBLE):
+            return dataclasses.replace(res, wall_s=time.perf_counter() - start)
+        if res.save is not None and (best is None or res.cost < best.cost):
+            best = res
+    if best is None:
+        floor = solve_min_peak(problem, time_limit_s=share, backend=backends[0])
+        if floor.save is None or floor.peak > budget:
+            proven = floor.status is MilpStatus.OPTIMAL
+            status = MilpStatus.INFEASIBLE if proven else MilpStatus.NO_SOLUTION
+            return dataclasses.replace(floor, status=status, save=None, recompute=None)
+        best = floor
+    return dataclasses.replace(best, status=MilpStatus.FEASIBLE,
+                               wall_s=time.perf_counter() - start)
+
+
+def _solve_within_budget(problem: PolicyProblem, budget: int, time_limit_s: float,
+                         relative_gap: float, backend: str) -> PolicyResult:
     margin = 0
     for _ in range(4):
         res = _result(problem, solve_milp(_model(problem, budget - margin), backend=backend,
-                                          time_limit_s=time_limit_s, relative_gap=relative_gap))
+                                          time_limit_s=time_limit_s, relative_gap=relative_gap),
+                      _cost_unit(problem))
         # The solver's feasibility tolerance is relative; the exact peak decides.
         if res.save is None or res.peak <= budget:
             return res
@@ -226,5 +271,6 @@ def solve(problem: PolicyProblem, budget: int, *, time_limit_s: float | None = N
 def solve_min_peak(problem: PolicyProblem, *, time_limit_s: float | None = None,
                    backend: str = "HIGHS") -> PolicyResult:
     """A plan with the smallest peak the model allows (recompute cost not minimized)."""
-    return _result(problem, solve_milp(_model(problem, None), backend=backend,
-                                       time_limit_s=time_limit_s))
+    milp = _model(problem, None)
+    unit = _memory_unit(problem)
+    return _result(problem, solve_milp(milp, backend=backend, time_limit_s=time_limit_s), unit)

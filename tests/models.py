@@ -1,0 +1,81 @@
+"""Small models for tests: each returns (loss_fn, args) with concrete arrays."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from autoremat.zoo import gpt2
+
+
+def mlp() -> tuple[Any, tuple]:
+    """A 4-layer tanh MLP; params as a list of dicts."""
+    keys = jax.random.split(jax.random.key(0), 6)
+    params = [{"w": jax.random.normal(keys[i], (48, 48)) / 7, "b": jnp.full((48,), 0.1)}
+              for i in range(4)]
+    x = jax.random.normal(keys[5], (16, 48))
+
+    def loss(params: list, x: jax.Array) -> jax.Array:
+        for layer in params:
+            x = jnp.tanh(x @ layer["w"] + layer["b"])
+        return jnp.mean(x ** 2)
+
+    return loss, (params, x)
+
+
+def transformer_block() -> tuple[Any, tuple]:
+    """One GPT-2 block; params as a dict."""
+    c = gpt2.GPT2_TINY
+    params = gpt2.init_params(c, jax.random.key(1))["layers"][0]
+    x = jax.random.normal(jax.random.key(2), (c.batch, c.seq_len, c.d_model))
+
+    def loss(p: dict, x: jax.Array) -> jax.Array:
+        return jnp.mean(jnp.sin(gpt2.block(p, x, c.n_head)))
+
+    return loss, (params, x)
+
+
+def gpt2_tiny(scan_layers: bool) -> tuple[Any, tuple]:
+    """The 4-layer tiny GPT-2, unrolled (list of layer dicts) or scanned (stacked)."""
+    c = dataclasses.replace(gpt2.GPT2_TINY, scan_layers=scan_layers)
+    return gpt2.make_loss(c), (gpt2.init_params(c, jax.random.key(3)),
+                               gpt2.init_batch(c, jax.random.key(4)))
+
+
+def cnn() -> tuple[Any, tuple]:
+    """A small residual CNN: conv stem, two residual blocks with skip connections, head."""
+    k = jax.random.split(jax.random.key(5), 8)
+    conv = lambda key, cin, cout: jax.random.normal(key, (3, 3, cin, cout)) / (3 * cin ** 0.5)
+    params = {
+        "stem": conv(k[0], 3, 8),
+        "blocks": [{"c1": conv(k[1 + 2 * i], 8, 8), "c2": conv(k[2 + 2 * i], 8, 8)}
+                   for i in range(2)],
+        "head": jax.random.normal(k[6], (8, 10)) / 3,
+    }
+    images = jax.random.normal(k[7], (4, 16, 16, 3))
+
+    def apply_conv(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def loss(params: dict, images: jax.Array) -> jax.Array:
+        x = jax.nn.relu(apply_conv(images, params["stem"]))
+        for blk in params["blocks"]:
+            h = jax.nn.relu(apply_conv(x, blk["c1"]))
+            x = jax.nn.relu(x + apply_conv(h, blk["c2"]))
+        logits = x.mean(axis=(1, 2)) @ params["head"]
+        return -jnp.mean(jax.nn.log_softmax(logits)[:, 0])
+
+    return loss, (params, images)
+
+
+MODELS = {
+    "mlp": mlp,
+    "transformer_block": transformer_block,
+    "gpt2_unrolled": lambda: gpt2_tiny(False),
+    "gpt2_scanned": lambda: gpt2_tiny(True),
+    "cnn": cnn,
+}

@@ -1,0 +1,154 @@
+"""End-to-end properties of plan / optimize on small models."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.ad_checkpoint import saved_residuals
+
+import autoremat
+from tests.models import MODELS
+
+
+@pytest.fixture(params=[False, True], ids=["remat2", "remat3"])
+def remat3(request):
+    old = jax.config.jax_remat3
+    jax.config.update("jax_remat3", request.param)
+    yield request.param
+    jax.config.update("jax_remat3", old)
+
+
+def _grads(fn, args):
+    return jax.tree.leaves(jax.grad(fn, argnums=tuple(range(len(args))))(*args))
+
+
+def _actual_saved_bytes(fn, args) -> int:
+    """Bytes of residuals JAX keeps for ``fn``'s VJP, arguments excluded."""
+    return sum(int(np.prod(aval.shape)) * aval.dtype.itemsize
+               for aval, source in saved_residuals(fn, *args)
+               if not source.startswith("from the argument") and source != "from a constant")
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("budget", [1.0, 0.5, 0.15])
+def test_gradients_and_saved_bytes(model, budget, remat3):
+    loss, args = MODELS[model]()
+    try:
+        plan = autoremat.plan(loss, *args, budget=budget)
+    except autoremat.InfeasibleBudgetError as e:
+        plan = autoremat.plan(loss, *args, budget=e.floor_bytes)
+    assert plan.peak_bytes <= plan.budget_bytes
+    optimized = plan.apply(loss)
+    # Eager: the backward pass runs the same primitives on the same inputs, so the
+    # gradients are bitwise equal.
+    for g0, g1 in zip(_grads(loss, args), _grads(optimized, args)):
+        np.testing.assert_array_equal(g0, g1)
+    # Under jit XLA fuses the two programs differently; float32 reassociation only.
+    jitted = jax.jit(lambda *a: _grads(optimized, a))(*args)
+    for g0, g1 in zip(_grads(loss, args), jitted):
+        np.testing.assert_allclose(g0, g1, rtol=2e-5, atol=1e-6)
+    assert plan.saved_bytes == _actual_saved_bytes(optimized, args)
+
+
+def test_value_and_grad_under_jit_and_optimize():
+    loss, args = MODELS["gpt2_unrolled"]()
+    optimized = autoremat.optimize(loss, budget=0.3)
+    v0, g0 = jax.jit(jax.value_and_grad(loss))(*args)
+    v1, g1 = jax.jit(jax.value_and_grad(optimized))(*args)
+    np.testing.assert_allclose(v0, v1, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+    assert jax.tree.structure(g0) == jax.tree.structure(g1)
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt2_scanned", "gpt2_unrolled"])
+def test_more_budget_never_more_recompute(model):
+    loss, args = MODELS[model]()
+    floor = _floor(loss, args)
+    top = autoremat.plan(loss, *args, budget=1.0)
+    budgets = np.linspace(floor, top.budget_bytes, 6).astype(int)
+    flops = [autoremat.plan(loss, *args, budget=int(b)).recompute_flops for b in budgets]
+    assert flops == sorted(flops, reverse=True)
+    assert flops[0] > 0
+    assert flops[-1] == 0
+
+
+def _floor(loss, args) -> int:
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.plan(loss, *args, budget=1)
+    return info.value.floor_bytes
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt2_scanned", "cnn"])
+def test_floor_is_feasible_and_below_it_is_not(model):
+    loss, args = MODELS[model]()
+    floor = _floor(loss, args)
+    plan = autoremat.plan(loss, *args, budget=floor)
+    assert plan.peak_bytes <= floor
+    with pytest.raises(autoremat.InfeasibleBudgetError, match=f"smallest feasible budget is {floor} bytes"):
+        autoremat.plan(loss, *args, budget=floor - 1)
+
+
+def test_no_remat_peak_as_budget_gives_zero_recompute():
+    loss, args = MODELS["gpt2_unrolled"]()
+    reference = autoremat.plan(loss, *args, budget=1.0)
+    plan = autoremat.plan(loss, *args, budget=reference.no_remat_peak_bytes)
+    assert plan.recompute_flops == 0
+    assert plan.overhead == 0.0
+
+
+def test_same_inputs_same_plan():
+    loss, args = MODELS["gpt2_unrolled"]()
+    a = autoremat.plan(loss, *args, budget=0.4)
+    b = autoremat.plan(loss, *args, budget=0.4)
+    assert a == b and hash(a) == hash(b)
+    assert a.saved and a.recomputed
+
+
+def test_plan_works_from_abstract_shapes():
+    loss, args = MODELS["mlp"]()
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    assert autoremat.plan(loss, *shapes, budget=0.5) == autoremat.plan(loss, *args, budget=0.5)
+
+
+def test_optimize_plans_per_shape_and_static_args():
+    calls = []
+
+    def loss(w, x, power):
+        calls.append(x.shape)
+        return jnp.sum(jnp.tanh(x @ w) ** power)
+
+    optimized = autoremat.optimize(loss, budget=0.5, static_argnums=2)
+    w = jnp.ones((8, 8)) / 8
+    for n in (4, 4, 6):
+        x = jnp.ones((n, 8))
+        np.testing.assert_allclose(jax.grad(optimized)(w, x, 2), jax.grad(loss)(w, x, 2), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(optimized)(w, x, 3), jax.grad(loss)(w, x, 3), rtol=1e-6)
+
+
+def test_apply_to_other_shapes_is_an_error():
+    loss, (params, x) = MODELS["mlp"]()
+    plan = autoremat.plan(loss, params, x, budget=0.5)
+    with pytest.raises(autoremat.PlanMismatchError, match="autoremat.optimize"):
+        plan.apply(loss)(params, x[:3])
+
+
+def test_report_names_sources_and_totals():
+    loss, args = MODELS["gpt2_unrolled"]()
+    text = autoremat.plan(loss, *args, budget=0.4).report()
+    assert "predicted peak" in text and "overhead" in text
+    assert "gpt2.py:" in text
+    assert "save" in text and "recompute" in text
+
+
+def test_policy_saves_only_the_plan_names():
+    loss, args = MODELS["mlp"]()
+    plan = autoremat.plan(loss, *args, budget=0.5)
+    wrapped = jax.checkpoint(plan.apply(loss), policy=plan.policy)
+    names = {source.split("'")[1] for _, source in saved_residuals(wrapped, *args)
+             if source.startswith("named")}
+    assert names and names <= {f"autoremat.v{i}" for i in plan.saved}
+    for g0, g1 in zip(_grads(loss, args), _grads(wrapped, args)):
+        np.testing.assert_allclose(g0, g1, rtol=1e-6)
