@@ -191,7 +191,7 @@ def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         n = len(args)
-        static_pos = sorted({i % n for i in static if -n <= i < n})
+        static_pos = tuple(sorted({i % n for i in static if -n <= i < n}))
         static_vals = tuple(args[i] for i in static_pos)
         dynamic = tuple(a for i, a in enumerate(args) if i not in static_pos)
 

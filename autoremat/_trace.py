@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax._src import config as jax_config
 from jax._src import core as jax_core
 from jax._src import source_info_util
 
@@ -79,8 +80,13 @@ def segment_cuts(program: Program) -> tuple[int, ...]:
 
 def _residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
                ) -> tuple[set[str], set[int], int]:
-    """What ``fn``'s VJP keeps: (names, indices of arguments, bytes of anything else)."""
-    closed = jax.make_jaxpr(lambda *a: jax.vjp(fn, *a)[1])(*avals)
+    """What ``fn``'s VJP keeps: (names, indices of arguments, bytes of anything else).
+
+    Read with ``jax_remat3`` off, where names are plain ``name`` equations; named values
+    are saved the same way with it on (``tests/test_plan.py`` checks both).
+    """
+    with jax_config.remat3(False):
+        closed = jax.make_jaxpr(lambda *a: jax.vjp(fn, *a)[1])(*avals)
     jaxpr = closed.jaxpr
     producer = {v: e for e in jaxpr.eqns for v in e.outvars}
     arg_index = {v: i for i, v in enumerate(jaxpr.invars)}
@@ -140,7 +146,7 @@ def _source(eqn: Eqn) -> str:
     frame = source_info_util.user_frame(eqn.source_info.traceback)
     if frame is not None:
         return f"{frame.file_name}:{frame.start_line}"
-    return source_info_util.summarize(eqn.source_info)
+    return source_info_util.summarize(eqn.source_info) or "?"
 
 
 def _avals(ids: Sequence[int], avals: dict) -> list[jax.ShapeDtypeStruct]:

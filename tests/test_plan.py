@@ -21,7 +21,15 @@ def remat3(request):
 
 
 def _grads(fn, args):
-    return jax.tree.leaves(jax.grad(fn, argnums=tuple(range(len(args))))(*args))
+    """Gradients with respect to every argument whose leaves are all floating point."""
+    argnums = tuple(i for i, a in enumerate(args)
+                    if all(jnp.issubdtype(x.dtype, jnp.inexact) for x in jax.tree.leaves(a)))
+    return jax.tree.leaves(jax.grad(fn, argnums=argnums)(*args))
+
+
+def _assert_close(expected, actual):
+    scale = float(np.max(np.abs(expected), initial=0.0))
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5 * scale)
 
 
 def _actual_saved_bytes(fn, args) -> int:
@@ -41,14 +49,13 @@ def test_gradients_and_saved_bytes(model, budget, remat3):
         plan = autoremat.plan(loss, *args, budget=e.floor_bytes)
     assert plan.peak_bytes <= plan.budget_bytes
     optimized = plan.apply(loss)
-    # Eager: the backward pass runs the same primitives on the same inputs, so the
-    # gradients are bitwise equal.
-    for g0, g1 in zip(_grads(loss, args), _grads(optimized, args)):
-        np.testing.assert_array_equal(g0, g1)
-    # Under jit XLA fuses the two programs differently; float32 reassociation only.
-    jitted = jax.jit(lambda *a: _grads(optimized, a))(*args)
-    for g0, g1 in zip(_grads(loss, args), jitted):
-        np.testing.assert_allclose(g0, g1, rtol=2e-5, atol=1e-6)
+    # Regions run as compiled computations, which XLA fuses differently from the original
+    # and so reassociates float32 sums: allow a few ulps of the gradient's largest entry.
+    expected = _grads(loss, args)
+    for g0, g1 in zip(expected, _grads(optimized, args)):
+        _assert_close(g0, g1)
+    for g0, g1 in zip(expected, jax.jit(lambda *a: _grads(optimized, a))(*args)):
+        _assert_close(g0, g1)
     assert plan.saved_bytes == _actual_saved_bytes(optimized, args)
 
 
@@ -59,7 +66,7 @@ def test_value_and_grad_under_jit_and_optimize():
     v1, g1 = jax.jit(jax.value_and_grad(optimized))(*args)
     np.testing.assert_allclose(v0, v1, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
-        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+        _assert_close(a, b)
     assert jax.tree.structure(g0) == jax.tree.structure(g1)
 
 
@@ -79,6 +86,11 @@ def _floor(loss, args) -> int:
     with pytest.raises(autoremat.InfeasibleBudgetError) as info:
         autoremat.plan(loss, *args, budget=1)
     return info.value.floor_bytes
+
+
+def _mid_budget(loss, args) -> int:
+    """Halfway between the floor and the no-remat peak: a plan that saves and recomputes."""
+    return (_floor(loss, args) + autoremat.plan(loss, *args, budget=1.0).budget_bytes) // 2
 
 
 @pytest.mark.parametrize("model", ["mlp", "gpt2_scanned", "cnn"])
@@ -110,7 +122,8 @@ def test_same_inputs_same_plan():
 def test_plan_works_from_abstract_shapes():
     loss, args = MODELS["mlp"]()
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
-    assert autoremat.plan(loss, *shapes, budget=0.5) == autoremat.plan(loss, *args, budget=0.5)
+    budget = _mid_budget(loss, args)
+    assert autoremat.plan(loss, *shapes, budget=budget) == autoremat.plan(loss, *args, budget=budget)
 
 
 def test_optimize_plans_per_shape_and_static_args():
@@ -120,7 +133,7 @@ def test_optimize_plans_per_shape_and_static_args():
         calls.append(x.shape)
         return jnp.sum(jnp.tanh(x @ w) ** power)
 
-    optimized = autoremat.optimize(loss, budget=0.5, static_argnums=2)
+    optimized = autoremat.optimize(loss, budget=1.0, static_argnums=2)
     w = jnp.ones((8, 8)) / 8
     for n in (4, 4, 6):
         x = jnp.ones((n, 8))
@@ -130,7 +143,7 @@ def test_optimize_plans_per_shape_and_static_args():
 
 def test_apply_to_other_shapes_is_an_error():
     loss, (params, x) = MODELS["mlp"]()
-    plan = autoremat.plan(loss, params, x, budget=0.5)
+    plan = autoremat.plan(loss, params, x, budget=1.0)
     with pytest.raises(autoremat.PlanMismatchError, match="autoremat.optimize"):
         plan.apply(loss)(params, x[:3])
 
@@ -143,12 +156,14 @@ def test_report_names_sources_and_totals():
     assert "save" in text and "recompute" in text
 
 
-def test_policy_saves_only_the_plan_names():
+def test_policy_saves_exactly_the_plan_names():
+    from jax._src.ad_checkpoint import name_p
+
     loss, args = MODELS["mlp"]()
-    plan = autoremat.plan(loss, *args, budget=0.5)
-    wrapped = jax.checkpoint(plan.apply(loss), policy=plan.policy)
-    names = {source.split("'")[1] for _, source in saved_residuals(wrapped, *args)
-             if source.startswith("named")}
-    assert names and names <= {f"autoremat.v{i}" for i in plan.saved}
-    for g0, g1 in zip(_grads(loss, args), _grads(wrapped, args)):
-        np.testing.assert_allclose(g0, g1, rtol=1e-6)
+    plan = autoremat.plan(loss, *args, budget=_mid_budget(loss, args))
+    assert plan.saved and plan.recomputed
+    aval = jax.core.ShapedArray((2,), jnp.float32)
+    for i in plan.saved:
+        assert plan.policy(name_p, aval, name=f"autoremat.v{i}")
+    for i in plan.recomputed:
+        assert not plan.policy(name_p, aval, name=f"autoremat.v{i}")

@@ -1,0 +1,3 @@
+from autoremat._cli import main
+
+main()
