@@ -22,7 +22,7 @@ reshape broadcast_in_dim squeeze expand_dims transpose convert_element_type bitc
 slice dynamic_slice dynamic_update_slice concatenate pad rev copy gather iota select_n
 stop_gradient name reduce_precision optimization_barrier device_put sharding_constraint
 split real imag complex empty zeros_like full_like pvary mesh_cast
-random_wrap random_unwrap random_seed random_bits threefry2x32 psum_invariant
+random_wrap random_unwrap random_seed random_bits threefry2x32 psum_invariant empty2
 """.split())
 
 _ELEMENTWISE = frozenset("""

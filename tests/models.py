@@ -79,3 +79,47 @@ MODELS = {
     "gpt2_scanned": lambda: gpt2_tiny(True),
     "cnn": cnn,
 }
+
+
+@jax.custom_vjp
+def _clipped_square(x: jax.Array) -> jax.Array:
+    return x * x
+
+
+def _clipped_square_fwd(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return x * x, jnp.sin(x)
+
+
+def _clipped_square_bwd(res: jax.Array, g: jax.Array) -> tuple[jax.Array]:
+    return (jnp.clip(2 * res * g, -1.0, 1.0),)
+
+
+_clipped_square.defvjp(_clipped_square_fwd, _clipped_square_bwd)
+
+
+def control_flow() -> tuple[Any, tuple]:
+    """cond, a custom_vjp function, a jitted helper and a scan nested in a scan."""
+    k = jax.random.split(jax.random.key(6), 3)
+    params = {"w": jax.random.normal(k[0], (24, 24)) / 5, "v": jax.random.normal(k[1], (3, 24, 24)) / 5}
+    x = jax.random.normal(k[2], (8, 24))
+
+    @jax.jit
+    def dense(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.tanh(x @ w)
+
+    def loss(params: dict, x: jax.Array) -> jax.Array:
+        h = dense(x, params["w"])
+        h = jax.lax.cond(h.sum() > 0, lambda a: jnp.sin(a) * a, lambda a: jnp.cos(a), h)
+        h = _clipped_square(h)
+
+        def outer(c, v):
+            inner, _ = jax.lax.scan(lambda a, _: (jnp.tanh(a @ v), None), c, None, length=2)
+            return inner + c, None
+
+        h, _ = jax.lax.scan(outer, h, params["v"])
+        return jnp.mean(dense(h, params["w"]) ** 2)
+
+    return loss, (params, x)
+
+
+MODELS["control_flow"] = control_flow

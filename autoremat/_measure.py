@@ -1,0 +1,198 @@
+"""Real compiler figures for a training step, to check what planning predicts.
+
+:attr:`Plan.peak_bytes` comes from a memory model; the functions here ask an XLA compiler.
+TPU targets compile ahead of time with the TPU compiler in ``libtpu`` (``pip install
+"autoremat[tpu]"``), on any machine and without a TPU: the step is lowered for one device
+of a small TPU topology and compiled with two options, ``xla_msa_enable=false`` (buffers
+stay in HBM; without it large programs spend minutes in code generation and report no
+temporaries) and a huge ``xla_tpu_rematerialization_min_size_in_bytes`` (the compiler's
+own remat is off, so what is measured is the program's remat policy). The ``"gpu"`` target
+compiles for this process's own GPU.
+
+Process-level caveats of the TPU targets:
+
+* ``libtpu`` reads ``TPU_SKIP_MDS_QUERY``, ``TPU_WORKER_HOSTNAMES`` and
+  ``TPU_ACCELERATOR_TYPE`` once, when it first loads. The first TPU measurement sets them
+  to ``1``, ``localhost`` and ``v5litepod-4`` with :func:`os.environ.setdefault` (values
+  already set win), and they stay set in the process. On a machine with TPUs, initialise
+  JAX (``jax.devices()``) before the first measurement so that its TPU backend starts
+  from the host's own settings.
+* With ``libtpu`` installed, JAX tries a TPU backend in every process and, on a machine
+  without TPUs, logs an error before it falls back to the CPU; the error is harmless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax.experimental import topologies
+from jax.sharding import SingleDeviceSharding
+
+#: TPU targets and the topology compiled for (one device of it is used).
+TPU_TOPOLOGIES = {
+    "tpu-v4": "v4:2x2x1",
+    "tpu-v5e": "v5e:2x2",
+    "tpu-v5p": "v5p:2x2x1",
+    "tpu-v6e": "v6e:2x2",
+}
+TARGETS = (*TPU_TOPOLOGIES, "gpu")
+
+_TPU_OPTIONS = {
+    "xla_msa_enable": "false",
+    "xla_tpu_rematerialization_min_size_in_bytes": "1000000000000000",
+}
+_TPU_ENV = {
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+}
+_TPU_INSTALL = 'pip install "autoremat[tpu]"'
+
+# Compiled figures by (lowered program, target, options). The key is the program text,
+# so it also tells apart functions whose program depends on JAX settings (remat mode,
+# matmul precision) or on state captured in closures.
+_cache: dict[tuple[str, str, tuple[tuple[str, str], ...]], Measurement] = {}
+
+
+class CompilerUnavailableError(RuntimeError):
+    """The compiler a target needs is not available in this process."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """What the compiler reports for one compiled training step.
+
+    Attributes:
+      target: the target compiled for (see :data:`TARGETS`).
+      peak_bytes: peak device memory of the step, as the compiler plans it (arguments,
+        outputs and temporaries; buffers an output shares with an argument counted once).
+      temp_bytes: temporaries (activations, residuals, workspace).
+      argument_bytes: the step's arguments.
+      output_bytes: the step's outputs (the gradients).
+      flops: FLOPs as the compiler counts them. It counts a loop body (a ``scan``) once,
+        whatever its length: for scanned programs, count FLOPs from the program instead.
+      compile_seconds: time to lower and compile the step, for the compile that produced
+        this measurement (repeated measurements of the same program are cached).
+    """
+
+    target: str
+    peak_bytes: int
+    temp_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    flops: float
+    compile_seconds: float
+
+
+def measure_step(fn: Callable, *args: Any, target: str = "tpu-v5e",
+                 argnums: int | Sequence[int] = 0) -> Measurement:
+    """Compiles the training step ``jax.grad(fn, argnums)(*args)`` for ``target``.
+
+    Args:
+      fn: the function to differentiate (a loss), for example one made by
+        :meth:`Plan.apply`.
+      *args: example arguments, arrays or ``jax.ShapeDtypeStruct`` leaves in any pytree;
+        only shapes and dtypes are used and nothing is allocated on the target.
+      target: one of :data:`TARGETS`.
+      argnums: the arguments to differentiate, as for :func:`jax.grad`.
+
+    Returns:
+      The compiler's :class:`Measurement`.
+
+    Raises:
+      ValueError: ``target`` is unknown.
+      CompilerUnavailableError: ``libtpu`` is not installed (TPU targets), or the process
+        has no GPU (``"gpu"``).
+    """
+    return _compile(fn, args, target, argnums, {})
+
+
+def fits(fn: Callable, *args: Any, budget_bytes: int, target: str = "tpu-v5e",
+         argnums: int | Sequence[int] = 0) -> bool:
+    """Whether the TPU compiler fits the training step in ``budget_bytes`` of HBM.
+
+    The step is compiled with ``xla_tpu_max_hbm_size_mib`` set to the budget (rounded
+    down to whole MiB); the compiler fails with ``RESOURCE_EXHAUSTED`` when the step does
+    not fit. Its own count includes a little more than :attr:`Measurement.peak_bytes`
+    (program overlays, about 1 MiB), so a step whose peak is within a MiB of the budget
+    may not fit.
+
+    Args:
+      fn, *args, argnums: as for :func:`measure_step`.
+      budget_bytes: HBM available to the step, in bytes.
+      target: a TPU target (see :data:`TPU_TOPOLOGIES`).
+
+    Returns:
+      True when the step compiles within the budget.
+
+    Raises:
+      ValueError: ``target`` is not a TPU target, or the budget is below 1 MiB.
+      CompilerUnavailableError: ``libtpu`` is not installed.
+    """
+    if target not in TPU_TOPOLOGIES:
+        raise ValueError(f"fits needs a TPU target, one of {sorted(TPU_TOPOLOGIES)}; "
+                         f"got {target!r}")
+    if budget_bytes < 2**20:
+        raise ValueError(f"budget_bytes {budget_bytes} is below 1 MiB")
+    try:
+        _compile(fn, args, target, argnums, {"xla_tpu_max_hbm_size_mib": str(budget_bytes >> 20)})
+    except jax.errors.JaxRuntimeError as e:
+        if str(e).startswith("RESOURCE_EXHAUSTED"):
+            return False
+        raise
+    return True
+
+
+def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int],
+             extra_options: dict[str, str]) -> Measurement:
+    start = time.perf_counter()
+    device, options = _device(target)
+    options = {**options, **extra_options}
+    sharding = SingleDeviceSharding(device)
+    avals = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x),
+                                       sharding=sharding), args)
+    lowered = jax.jit(jax.grad(fn, argnums)).lower(*avals)
+    key = (hashlib.sha256(lowered.as_text().encode()).hexdigest(), target,
+           tuple(sorted(options.items())))
+    if key not in _cache:
+        compiled = lowered.compile(compiler_options=options or None)
+        memory = compiled.memory_analysis()
+        _cache[key] = Measurement(
+            target=target,
+            peak_bytes=int(memory.peak_memory_in_bytes),
+            temp_bytes=int(memory.temp_size_in_bytes),
+            argument_bytes=int(memory.argument_size_in_bytes),
+            output_bytes=int(memory.output_size_in_bytes),
+            flops=float(compiled.cost_analysis().get("flops", float("nan"))),
+            compile_seconds=time.perf_counter() - start)
+    return _cache[key]
+
+
+def _device(target: str) -> tuple[jax.Device, dict[str, str]]:
+    """The device to compile for and the compiler options."""
+    if target == "gpu":
+        try:
+            return jax.devices("gpu")[0], {}
+        except RuntimeError:
+            raise CompilerUnavailableError(
+                "target 'gpu' compiles for this process's GPU, and JAX finds none. Run on a "
+                'machine with a GPU and jax[cuda12] installed (pip install "jax[cuda12]==0.10.2"), '
+                f"or measure for a TPU target without a TPU: {_TPU_INSTALL}") from None
+    if target not in TPU_TOPOLOGIES:
+        raise ValueError(f"unknown target {target!r}; expected one of {list(TARGETS)}")
+    if importlib.util.find_spec("libtpu") is None and "TPU_LIBRARY_PATH" not in os.environ:
+        raise CompilerUnavailableError(
+            f"target {target!r} needs the TPU compiler (libtpu), which is not installed: "
+            f"{_TPU_INSTALL}")
+    for name, value in _TPU_ENV.items():
+        os.environ.setdefault(name, value)
+    topology = topologies.get_topology_desc(topology_name=TPU_TOPOLOGIES[target], platform="tpu")
+    return topology.devices[0], _TPU_OPTIONS
