@@ -11,12 +11,14 @@ from autoremat._plan import SolverTimeoutError as SolverTimeoutError
 from autoremat._plan import optimize as optimize
 from autoremat._plan import plan as plan
 from autoremat._rewrite import PlanMismatchError as PlanMismatchError
+from autoremat._trace import UnsupportedProgramError as UnsupportedProgramError
 
 __all__ = [
     "InfeasibleBudgetError",
     "Plan",
     "PlanMismatchError",
     "SolverTimeoutError",
+    "UnsupportedProgramError",
     "optimize",
     "parse_budget",
     "plan",

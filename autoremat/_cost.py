@@ -23,6 +23,7 @@ slice dynamic_slice dynamic_update_slice concatenate pad rev copy gather iota se
 stop_gradient name reduce_precision optimization_barrier device_put sharding_constraint
 split real imag complex empty zeros_like full_like pvary mesh_cast
 random_wrap random_unwrap random_seed random_bits threefry2x32 psum_invariant empty2
+debug_print debug_callback
 """.split())
 
 _ELEMENTWISE = frozenset("""

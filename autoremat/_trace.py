@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -181,6 +182,31 @@ def fingerprint_of(program: Program) -> str:
     return h.hexdigest()[:16]
 
 
+class UnsupportedProgramError(ValueError):
+    """The function contains an operation autoremat cannot plan around."""
+
+
+# Effects JAX cannot differentiate through: a clear error instead of one from deep inside.
+_NOT_DIFFERENTIABLE = frozenset({"io_callback", "pure_callback"})
+# Effects that run again whenever their region is recomputed.
+_REPEATED_ON_RECOMPUTE = frozenset({"debug_print", "debug_callback"})
+
+
+def _check_effects(eqns: Sequence[Eqn]) -> None:
+    for e in eqns:
+        name = e.primitive.name
+        if name in _NOT_DIFFERENTIABLE:
+            raise UnsupportedProgramError(
+                f"{name} at {_source(e)} has no derivative in JAX, so its step cannot be "
+                "planned; wrap it in jax.custom_vjp, or move it out of the differentiated "
+                "function.")
+        if name in _REPEATED_ON_RECOMPUTE:
+            warnings.warn(f"{name} at {_source(e)} runs again when autoremat recomputes its "
+                          "region in the backward pass.", stacklevel=4)
+        if e.scan_body is not None:
+            _check_effects(e.scan_body.eqns)
+
+
 def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
           ) -> tuple[Program, tuple[Segment, ...], Graph]:
     """Traces ``flat_fn`` (flat array arguments to a flat list of outputs).
@@ -189,6 +215,7 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
       The flattened program, its regions, and the value graph.
     """
     program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
+    _check_effects(program.eqns)
     regions = _program.split_regions(program, segment_cuts(program))
     free = set(program.args) | set(program.consts)
     producer_region: dict[int, int] = {}

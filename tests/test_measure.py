@@ -1,0 +1,119 @@
+"""Real compiler measurements: errors everywhere, TPU figures where libtpu is installed."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import autoremat
+from autoremat import _measure
+from autoremat.zoo import gpt2
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason='the TPU compiler is not installed: pip install "autoremat[tpu]"')
+
+
+def _square_loss(w, x):
+    return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+
+def test_unknown_target_lists_the_targets():
+    x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    with pytest.raises(ValueError, match="unknown target 'tpu-v9'.*tpu-v5e.*gpu"):
+        _measure.measure_step(_square_loss, x, x, target="tpu-v9")
+
+
+def test_fits_needs_a_tpu_target():
+    x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    with pytest.raises(ValueError, match="fits needs a TPU target"):
+        _measure.fits(_square_loss, x, x, budget_bytes=2**30, target="gpu")
+
+
+def test_missing_libtpu_says_how_to_install(monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "libtpu" else find_spec(name, *a))
+    monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    with pytest.raises(_measure.CompilerUnavailableError, match=r'pip install "autoremat\[tpu\]"'):
+        _measure.measure_step(_square_loss, x, x, target="tpu-v4")
+
+
+def test_gpu_target_without_a_gpu_says_so():
+    try:
+        jax.devices("gpu")
+        pytest.skip("this process has a GPU")
+    except RuntimeError:
+        pass
+    x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    with pytest.raises(_measure.CompilerUnavailableError, match="finds none"):
+        _measure.measure_step(_square_loss, x, x, target="gpu")
+
+
+@needs_libtpu
+def test_lower_budget_plan_has_lower_real_peak():
+    c = dataclasses.replace(gpt2.GPT2_TINY, dtype=jnp.bfloat16)
+    loss, args = gpt2.make_loss(c), (gpt2.param_shapes(c), gpt2.batch_shapes(c))
+    with pytest.raises(autoremat.InfeasibleBudgetError) as e:
+        autoremat.plan(loss, *args, budget=1)
+    high = autoremat.plan(loss, *args, budget=1.0)
+    low = autoremat.plan(loss, *args, budget=e.value.floor_bytes)
+    assert low.peak_bytes < high.peak_bytes
+    real_high = _measure.measure_step(high.apply(loss), *args)
+    real_low = _measure.measure_step(low.apply(loss), *args)
+    assert real_low.peak_bytes < real_high.peak_bytes
+    # Recomputation shows in the compiler's FLOPs.
+    assert real_low.flops > real_high.flops
+    # Arguments (parameters, tokens) and outputs (gradients) are the same in both.
+    assert real_low.argument_bytes == real_high.argument_bytes
+    assert real_low.output_bytes == real_high.output_bytes == sum(
+        x.size * x.dtype.itemsize for x in jax.tree.leaves(args[0]))
+
+
+@needs_libtpu
+def test_fits_brackets_the_peak():
+    x = jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16)
+    m = _measure.measure_step(_square_loss, x, x)
+    assert m.target == "tpu-v5e"
+    assert m.argument_bytes == 2 * 2048 * 2048 * 2
+    assert m.output_bytes == 2048 * 2048 * 2
+    assert m.peak_bytes >= m.argument_bytes + m.output_bytes
+    # The forward, dW and the tanh derivative: at least 2 matmuls of 2 * 2048**3 FLOPs.
+    assert m.flops >= 4 * 2048**3
+    assert _measure.fits(_square_loss, x, x, budget_bytes=m.peak_bytes + 8 * 2**20)
+    assert not _measure.fits(_square_loss, x, x, budget_bytes=m.peak_bytes // 2)
+
+
+@needs_libtpu
+def test_repeated_measurement_is_cached_per_program():
+    x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)
+    first = _measure.measure_step(_square_loss, x, x)
+    assert _measure.measure_step(_square_loss, x, x) is first
+    assert _measure.measure_step(_square_loss, x, x, argnums=(0, 1)) is not first
+    assert _measure.measure_step(_square_loss, x, x, target="tpu-v4") is not first
+
+
+@needs_libtpu
+def test_fresh_process_sets_tpu_environment_and_measures():
+    script = textwrap.dedent("""
+        import os
+        import jax, jax.numpy as jnp
+        from autoremat import _measure
+        x = jax.ShapeDtypeStruct((128, 128), jnp.bfloat16)
+        m = _measure.measure_step(lambda w, x: jnp.sum(x @ w), x, x, target="tpu-v6e")
+        print(m.peak_bytes, os.environ["TPU_ACCELERATOR_TYPE"], os.environ["TPU_SKIP_MDS_QUERY"])
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout.split()
+    assert int(out[0]) > 0
+    assert out[1:] == ["v5litepod-4", "1"]
