@@ -11,12 +11,14 @@ compiles for this process's own GPU.
 
 Process-level caveats of the TPU targets:
 
-* ``libtpu`` reads ``TPU_SKIP_MDS_QUERY``, ``TPU_WORKER_HOSTNAMES`` and
-  ``TPU_ACCELERATOR_TYPE`` once, when it first loads. The first TPU measurement sets them
-  to ``1``, ``localhost`` and ``v5litepod-4`` with :func:`os.environ.setdefault` (values
-  already set win), and they stay set in the process. On a machine with TPUs, initialise
-  JAX (``jax.devices()``) before the first measurement so that its TPU backend starts
-  from the host's own settings.
+* ``libtpu`` reads its settings from the environment once, when it first loads in the
+  process. The first TPU measurement sets them with :func:`os.environ.setdefault` (values
+  already set win) and they stay set: ``TPU_SKIP_MDS_QUERY=1``,
+  ``TPU_WORKER_HOSTNAMES=localhost``, ``TPU_ACCELERATOR_TYPE=v5litepod-4``, and
+  ``ALLOW_MULTIPLE_LIBTPU_LOAD=1``, without which a second process that loads ``libtpu``
+  while another holds ``/tmp/libtpu_lockfile`` fails (``ABORTED ... lockfile``). On a
+  machine with TPUs, initialise JAX (``jax.devices()``) before the first measurement so
+  that its TPU backend starts from the host's own settings.
 * With ``libtpu`` installed, JAX tries a TPU backend in every process and, on a machine
   without TPUs, logs an error before it falls back to the CPU; the error is harmless.
 """
@@ -52,6 +54,7 @@ _TPU_ENV = {
     "TPU_SKIP_MDS_QUERY": "1",
     "TPU_WORKER_HOSTNAMES": "localhost",
     "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
 }
 _TPU_INSTALL = 'pip install "autoremat[tpu]"'
 

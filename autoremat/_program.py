@@ -125,7 +125,20 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
     args = tuple(fresh(v.aval) for v in closed.jaxpr.invars)
     eqns: list[Eqn] = []
     outs = walk(closed.jaxpr, closed.consts, args, True, eqns)
-    return Program(avals, args, consts, tuple(eqns), tuple(outs))
+    return Program(avals, args, consts, _live(eqns, outs), tuple(outs))
+
+
+def _live(eqns: Sequence[Eqn], outs: Sequence[Atom]) -> tuple[Eqn, ...]:
+    """``eqns`` without those whose outputs nothing reads (JAX drops them too when
+    differentiating). Equations without outputs, such as debug prints, stay."""
+    read = {a for a in outs if isinstance(a, int)}
+    kept = []
+    for e in reversed(eqns):
+        if e.outs and not read.intersection(e.outs):
+            continue
+        kept.append(e)
+        read.update(a for a in e.ins if isinstance(a, int))
+    return tuple(reversed(kept))
 
 
 def _flatten_scan_body(eqn: Any, fresh: Callable, walk: Callable) -> ScanBody:

@@ -75,7 +75,8 @@ def test_lower_budget_plan_has_lower_real_peak():
     assert real_low.flops > real_high.flops
     # Arguments (parameters, tokens) and outputs (gradients) are the same in both.
     assert real_low.argument_bytes == real_high.argument_bytes
-    assert real_low.output_bytes == real_high.output_bytes == sum(
+    # The TPU pads small arrays to its tiles: outputs hold at least the gradients' bytes.
+    assert real_low.output_bytes == real_high.output_bytes >= sum(
         x.size * x.dtype.itemsize for x in jax.tree.leaves(args[0]))
 
 
@@ -112,7 +113,9 @@ def test_fresh_process_sets_tpu_environment_and_measures():
         m = _measure.measure_step(lambda w, x: jnp.sum(x @ w), x, x, target="tpu-v6e")
         print(m.peak_bytes, os.environ["TPU_ACCELERATOR_TYPE"], os.environ["TPU_SKIP_MDS_QUERY"])
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
+    # This process may hold libtpu's lockfile already: the child must load libtpu anyway.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TPU_") and k != "ALLOW_MULTIPLE_LIBTPU_LOAD"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=300, check=True).stdout.split()
     assert int(out[0]) > 0
