@@ -205,15 +205,16 @@ def value_name(value_id: int) -> str:
     return f"autoremat.v{value_id}"
 
 
+def _read(a: Atom, env: Mapping[int, Any], consts: Mapping[int, Any]) -> Any:
+    if isinstance(a, Literal):
+        return a.value
+    return env[a] if a in env else consts[a]
+
+
 def _run_eqns(eqns: Sequence[Eqn], env: dict[int, Any], consts: Mapping[int, Any],
               named: frozenset[int], scan_policy: Callable | None) -> None:
-    def read(a: Atom) -> Any:
-        if isinstance(a, Literal):
-            return a.value
-        return env[a] if a in env else consts[a]
-
     for eqn in eqns:
-        invals = [read(a) for a in eqn.ins]
+        invals = [_read(a, env, consts) for a in eqn.ins]
         if eqn.scan_body is not None:
             outs = _run_scan(eqn, invals, consts, named, scan_policy)
         else:
@@ -231,8 +232,8 @@ def scan_body_fn(body: ScanBody, consts: Mapping[int, Any], named: frozenset[int
         env.update(zip(body.carry_in, carry))
         env.update(zip(body.xs_in, xs))
         _run_eqns(body.eqns, env, consts, named, None)
-        read = lambda a: a.value if isinstance(a, Literal) else (env[a] if a in env else consts[a])
-        return [read(a) for a in body.carry_out], [read(a) for a in body.ys_out]
+        return ([_read(a, env, consts) for a in body.carry_out],
+                [_read(a, env, consts) for a in body.ys_out])
 
     return fn
 
@@ -275,10 +276,9 @@ def run_program(program: Program, regions: Sequence[Segment], named: frozenset[i
     env: dict[int, Any] = dict(zip(program.args, args))
     for region in regions:
         outs = region_fn(program, region, named, policy)(*(
-            env[i] if i in env else program.consts[i] for i in region.inputs))
+            _read(i, env, program.consts) for i in region.inputs))
         env.update(zip(region.outputs, outs))
-    return [a.value if isinstance(a, Literal) else (env[a] if a in env else program.consts[a])
-            for a in program.outs]
+    return [_read(a, env, program.consts) for a in program.outs]
 
 
 def nbytes(aval: jax_core.AbstractValue) -> int:

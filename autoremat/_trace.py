@@ -31,7 +31,7 @@ from jax._src import source_info_util
 from autoremat import _program
 from autoremat._cost import eqn_flops, fusible, jaxpr_flops
 from autoremat._graph import Graph, Region, Value
-from autoremat._program import Eqn, Literal, Program, Segment
+from autoremat._program import Atom, Eqn, Program, Segment
 
 # The residual a remat region saves for a name is the name's output, sometimes behind
 # these no-op markers.
@@ -304,7 +304,7 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
         region_infos.append(Region(r.index, "scan", length, work))
 
     # An xs slice is a view of the scan's input: reading it holds the whole input.
-    for vid, rec in records.items():
+    for rec in records.values():
         if rec["primitive"] == "xs_in" and rec["needed"]:
             needed_across.update(rec["inputs"])
     values = tuple(Value(**rec, needed_across=vid in needed_across)
@@ -328,5 +328,3 @@ def _split(flat: Sequence[Any], groups: Sequence[Sequence[int]]) -> list[list[An
         k += len(g)
     return out
 
-
-Atom = _program.Atom

@@ -119,7 +119,7 @@ def check_program(ops, dtype, n_weights, fraction) -> None:
     g0 = jax.tree.leaves(jax.grad(loss)(*args))
     g1 = jax.tree.leaves(jax.jit(jax.grad(optimized))(*args))
     tol = 2e-2 if dtype == "bfloat16" else 1e-5
-    for a, b in zip(g0, g1):
+    for a, b in zip(g0, g1, strict=True):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         np.testing.assert_allclose(b, a, rtol=tol, atol=tol * float(np.max(np.abs(a), initial=1)))
 

@@ -52,9 +52,9 @@ def test_gradients_and_saved_bytes(model, budget, remat3):
     # Regions run as compiled computations, which XLA fuses differently from the original
     # and so reassociates float32 sums: allow a few ulps of the gradient's largest entry.
     expected = _grads(loss, args)
-    for g0, g1 in zip(expected, _grads(optimized, args)):
+    for g0, g1 in zip(expected, _grads(optimized, args), strict=True):
         _assert_close(g0, g1)
-    for g0, g1 in zip(expected, jax.jit(lambda *a: _grads(optimized, a))(*args)):
+    for g0, g1 in zip(expected, jax.jit(lambda *a: _grads(optimized, a))(*args), strict=True):
         _assert_close(g0, g1)
     assert plan.saved_bytes == _actual_saved_bytes(optimized, args)
 
@@ -65,7 +65,7 @@ def test_value_and_grad_under_jit_and_optimize():
     v0, g0 = jax.jit(jax.value_and_grad(loss))(*args)
     v1, g1 = jax.jit(jax.value_and_grad(optimized))(*args)
     np.testing.assert_allclose(v0, v1, rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True):
         _assert_close(a, b)
     assert jax.tree.structure(g0) == jax.tree.structure(g1)
 
