@@ -207,6 +207,14 @@ def _check_effects(eqns: Sequence[Eqn]) -> None:
             _check_effects(e.scan_body.eqns)
 
 
+def _warn_unplanned(nbytes: int, region: Segment) -> None:
+    if nbytes:
+        source = _source(region.eqns[0])
+        warnings.warn(f"JAX keeps {nbytes} bytes of residuals in the region starting at "
+                      f"{source} that are not named values; autoremat cannot plan or count "
+                      "them, so the predicted peak may be low by that much.", stacklevel=4)
+
+
 def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
           ) -> tuple[Program, tuple[Segment, ...], Graph]:
     """Traces ``flat_fn`` (flat array arguments to a flat list of outputs).
@@ -253,7 +261,8 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
             named = frozenset(o for e in r.eqns for o in e.outs)
             policy = jax.checkpoint_policies.save_only_these_names(*map(_program.value_name, named))
             fn = _program.region_fn(program, r, named, policy)
-            names, arg_pos, _ = _residuals(fn, _avals(r.inputs, program.avals))
+            names, arg_pos, unplanned = _residuals(fn, _avals(r.inputs, program.avals))
+            _warn_unplanned(unplanned, r)
             for name in names:
                 records[int(name.rsplit("v", 1)[1])]["needed"] = True
             needed_across.update(r.inputs[k] for k in arg_pos)
@@ -286,9 +295,10 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
         step = _program.scan_body_fn(body, program.consts, named)
         groups = (body.consts, body.carry_in, body.xs_in)
         fn = jax.checkpoint(lambda c, h, x: step(c, h, x), policy=policy, prevent_cse=False)
-        names, arg_pos, _ = _residuals(
+        names, arg_pos, unplanned = _residuals(
             lambda *flat: fn(*_split(flat, groups)),
             _avals([*body.consts, *body.carry_in, *body.xs_in], program.avals))
+        _warn_unplanned(unplanned, r)
         for name in names:
             records[int(name.rsplit("v", 1)[1])]["needed"] = True
         flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
