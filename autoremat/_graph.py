@@ -89,7 +89,16 @@ class Graph:
         """One field of every value as a numpy array, in ``values`` order."""
         return np.array([getattr(v, field) for v in self.values], dtype=dtype)
 
+    @property
+    def fixed_bytes(self) -> int:
+        """Bytes every plan holds: the arguments and their gradients."""
+        return self.arg_bytes + self.grad_bytes
+
+    def iterations(self) -> np.ndarray:
+        """How many times each value is computed per step (its region's length)."""
+        lengths = np.array([r.length for r in self.regions], dtype=np.int64)
+        return lengths[self.array("region")]
+
     def recompute_flops(self) -> np.ndarray:
         """FLOPs of recomputing each value in every iteration of its region."""
-        lengths = np.array([r.length for r in self.regions], dtype=np.int64)
-        return lengths[self.array("region")] * self.array("flops")
+        return self.iterations() * self.array("flops")

@@ -12,7 +12,7 @@ import jax
 from autoremat_solvers import policy as policy_model
 from autoremat_solvers.milp import MilpStatus
 
-from autoremat import _report, _rewrite, _solve, _trace
+from autoremat import _program, _report, _rewrite, _solve, _trace
 from autoremat._budget import Budget, format_bytes, parse_budget
 from autoremat._graph import Graph
 
@@ -79,7 +79,7 @@ class Plan:
         It acts on the names :meth:`apply` places; use it with functions made by
         :meth:`apply`, never around them (the outer checkpoint policy would win).
         """
-        return _rewrite.policy_for(self.saved)
+        return _program.policy_for(self.saved)
 
     def apply(self, fn: Callable) -> Callable:
         """``fn`` rewritten to follow this plan (same signature, outputs and gradients).
@@ -99,8 +99,7 @@ def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
     parsed = parse_budget(budget)
     if isinstance(parsed, int):
         return parsed
-    fixed = graph.arg_bytes + graph.grad_bytes
-    return fixed + int(parsed * (no_remat_peak - fixed))
+    return graph.fixed_bytes + int(parsed * (no_remat_peak - graph.fixed_bytes))
 
 
 def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: Budget, *,
@@ -114,9 +113,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     result = policy_model.solve(problem, budget_bytes, time_limit_s=time_limit_s,
                                 backends=backends)
     if result.status is MilpStatus.INFEASIBLE:
-        floor = policy_model.solve_min_peak(problem, time_limit_s=time_limit_s,
-                                            backend=backends[0])
-        raise InfeasibleBudgetError(budget_bytes, floor.peak)
+        raise InfeasibleBudgetError(budget_bytes, result.peak)
     if result.status is MilpStatus.NO_SOLUTION:
         raise SolverTimeoutError(
             f"the solver found no plan within {time_limit_s} s for a budget of "

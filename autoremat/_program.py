@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -203,6 +203,16 @@ def _bind(eqn: Eqn, invals: Sequence[Any]) -> list[Any]:
 def value_name(value_id: int) -> str:
     """The ``checkpoint_name`` autoremat gives value ``value_id``."""
     return f"autoremat.v{value_id}"
+
+
+def value_id(name: str) -> int:
+    """The inverse of :func:`value_name`."""
+    return int(name.removeprefix("autoremat.v"))
+
+
+def policy_for(saved: Collection[int]) -> Callable:
+    """The ``jax.checkpoint`` policy that saves exactly the named values ``saved``."""
+    return jax.checkpoint_policies.save_only_these_names(*map(value_name, sorted(saved)))
 
 
 def _read(a: Atom, env: Mapping[int, Any], consts: Mapping[int, Any]) -> Any:

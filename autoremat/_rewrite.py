@@ -44,15 +44,10 @@ def flat_function(fn: Callable, args: tuple, kwargs: dict
     return flat_fn, leaves, avals, store
 
 
-def policy_for(saved: Collection[int]) -> Callable:
-    """The ``jax.checkpoint`` policy that saves exactly the named values ``saved``."""
-    return jax.checkpoint_policies.save_only_these_names(*map(_program.value_name, sorted(saved)))
-
-
 def rewrite(fn: Callable, saved: Collection[int], fingerprint: str) -> Callable:
     """``fn`` with the plan applied: same signature, outputs and gradients."""
     named = frozenset(saved)
-    policy = policy_for(saved)
+    policy = _program.policy_for(saved)
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:

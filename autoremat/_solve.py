@@ -46,18 +46,15 @@ class Decisions:
 def to_problem(graph: Graph) -> policy_model.PolicyProblem:
     """The graph's save/recompute problem, with the memory model of the module doc."""
     index = {v.id: k for k, v in enumerate(graph.values)}
-    mult = graph.array("multiplicity")
-    lengths = np.array([r.length for r in graph.regions], dtype=np.int64)
     edges = np.array([(index[u], k) for k, v in enumerate(graph.values) for u in v.inputs],
                      dtype=np.int64).reshape(-1, 2)
-    fixed = graph.arg_bytes + graph.grad_bytes
     return policy_model.PolicyProblem(
         # One extra unit per instance breaks ties towards fewer recomputed values.
-        cost=(graph.recompute_flops() + lengths[graph.array("region")]).astype(float),
-        held=mult * graph.array("nbytes"),
+        cost=(graph.recompute_flops() + graph.iterations()).astype(float),
+        held=graph.array("multiplicity") * graph.array("nbytes"),
         transient=graph.array("nbytes") * graph.array("needed"),
         region=graph.array("region"),
-        base=np.array([fixed + r.work_bytes for r in graph.regions], dtype=np.int64),
+        base=np.array([graph.fixed_bytes + r.work_bytes for r in graph.regions], dtype=np.int64),
         must_cover=graph.array("needed", bool),
         must_save=graph.array("needed_across", bool),
         can_save=graph.array("saveable", bool),

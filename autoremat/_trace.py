@@ -226,14 +226,18 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
     _check_effects(program.eqns)
     regions = _program.split_regions(program, segment_cuts(program))
     free = set(program.args) | set(program.consts)
-    producer_region: dict[int, int] = {}
-    for r in regions:
-        for e in r.eqns:
-            producer_region.update((o, r.index) for o in e.outs)
 
     records: dict[int, dict[str, Any]] = {}
     region_infos = []
     needed_across: set[int] = set()
+
+    def mark_needed(fn: Callable, input_ids: Sequence[int], region: Segment) -> set[int]:
+        """Marks the values ``fn``'s VJP reads; returns the positions of inputs it reads."""
+        names, arg_pos, unplanned = _residuals(fn, _avals(input_ids, program.avals))
+        _warn_unplanned(unplanned, region)
+        for name in names:
+            records[_program.value_id(name)]["needed"] = True
+        return arg_pos
 
     def add(vid: int, region: int, mult: int, primitive: str, source: str, flops: int,
             inputs: Sequence[Atom], saveable: bool, recomputable: bool) -> None:
@@ -259,12 +263,8 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
         if r.kind == "segment":
             add_eqns(r.eqns, r.index, 1, {})
             named = frozenset(o for e in r.eqns for o in e.outs)
-            policy = jax.checkpoint_policies.save_only_these_names(*map(_program.value_name, named))
-            fn = _program.region_fn(program, r, named, policy)
-            names, arg_pos, unplanned = _residuals(fn, _avals(r.inputs, program.avals))
-            _warn_unplanned(unplanned, r)
-            for name in names:
-                records[int(name.rsplit("v", 1)[1])]["needed"] = True
+            fn = _program.region_fn(program, r, named, _program.policy_for(named))
+            arg_pos = mark_needed(fn, r.inputs, r)
             needed_across.update(r.inputs[k] for k in arg_pos)
             work = _work_bytes(r.eqns, r.inputs, set(r.outputs), program.avals, free)
             region_infos.append(Region(r.index, "segment", 1, work))
@@ -291,16 +291,11 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
                 for o in e.outs:
                     records[o]["multiplicity"] = 1
         named = frozenset(o for e in body.eqns for o in e.outs)
-        policy = jax.checkpoint_policies.save_only_these_names(*map(_program.value_name, named))
-        step = _program.scan_body_fn(body, program.consts, named)
+        step = jax.checkpoint(_program.scan_body_fn(body, program.consts, named),
+                              policy=_program.policy_for(named), prevent_cse=False)
         groups = (body.consts, body.carry_in, body.xs_in)
-        fn = jax.checkpoint(lambda c, h, x: step(c, h, x), policy=policy, prevent_cse=False)
-        names, arg_pos, unplanned = _residuals(
-            lambda *flat: fn(*_split(flat, groups)),
-            _avals([*body.consts, *body.carry_in, *body.xs_in], program.avals))
-        _warn_unplanned(unplanned, r)
-        for name in names:
-            records[int(name.rsplit("v", 1)[1])]["needed"] = True
+        arg_pos = mark_needed(lambda *flat: step(*_split(flat, groups)),
+                              [*body.consts, *body.carry_in, *body.xs_in], r)
         flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
         for k in arg_pos:
             vid = flat_ids[k]

@@ -229,7 +229,8 @@ def solve(problem: PolicyProblem, budget: int, *, time_limit_s: float = 60.0,
 
     The backends are tried in turn, sharing ``time_limit_s``, until one proves its plan
     optimal (within ``relative_gap``) or infeasibility; otherwise the cheapest plan found
-    is returned with status ``FEASIBLE``. (Measured on GPT-2-small: each of HiGHS and
+    is returned with status ``FEASIBLE``. An ``INFEASIBLE`` result's ``peak`` is the
+    smallest peak any plan reaches (the budget to ask for instead). (Measured on GPT-2-small: each of HiGHS and
     SCIP sometimes stalls on a budget the other solves in seconds.) When no backend found
     a plan but the budget is at least the smallest feasible peak, the min-peak plan is
     returned as a last resort.
@@ -239,8 +240,10 @@ def solve(problem: PolicyProblem, budget: int, *, time_limit_s: float = 60.0,
     share = time_limit_s / len(backends)
     for backend in backends:
         res = _solve_within_budget(problem, budget, share, relative_gap, backend)
-        if res.status in (MilpStatus.OPTIMAL, MilpStatus.INFEASIBLE):
+        if res.status is MilpStatus.OPTIMAL:
             return dataclasses.replace(res, wall_s=time.perf_counter() - start)
+        if res.status is MilpStatus.INFEASIBLE:
+            break
         if res.save is not None and (best is None or res.cost < best.cost):
             best = res
     if best is None:
@@ -248,7 +251,8 @@ def solve(problem: PolicyProblem, budget: int, *, time_limit_s: float = 60.0,
         if floor.save is None or floor.peak > budget:
             proven = floor.status is MilpStatus.OPTIMAL
             status = MilpStatus.INFEASIBLE if proven else MilpStatus.NO_SOLUTION
-            return dataclasses.replace(floor, status=status, save=None, recompute=None)
+            return dataclasses.replace(floor, status=status, save=None, recompute=None,
+                                       wall_s=time.perf_counter() - start)
         best = floor
     return dataclasses.replace(best, status=MilpStatus.FEASIBLE,
                                wall_s=time.perf_counter() - start)
