@@ -5,20 +5,40 @@
 """
 
 from autoremat._budget import parse_budget as parse_budget
+from autoremat._measure import TARGETS as TARGETS
+from autoremat._measure import CompilerUnavailableError as CompilerUnavailableError
+from autoremat._measure import Measurement as Measurement
+from autoremat._measure import fits as fits
+from autoremat._measure import measure_step as measure_step
+from autoremat._plan import BudgetNotVerifiedError as BudgetNotVerifiedError
 from autoremat._plan import InfeasibleBudgetError as InfeasibleBudgetError
 from autoremat._plan import Plan as Plan
 from autoremat._plan import SolverTimeoutError as SolverTimeoutError
+from autoremat._plan import load_plan as load_plan
 from autoremat._plan import optimize as optimize
 from autoremat._plan import plan as plan
+from autoremat._policy_file import PolicyFile as PolicyFile
+from autoremat._policy_file import PolicyFileError as PolicyFileError
+from autoremat._policy_file import PolicyMismatchError as PolicyMismatchError
 from autoremat._rewrite import PlanMismatchError as PlanMismatchError
 from autoremat._trace import UnsupportedProgramError as UnsupportedProgramError
 
 __all__ = [
+    "TARGETS",
+    "BudgetNotVerifiedError",
+    "CompilerUnavailableError",
     "InfeasibleBudgetError",
+    "Measurement",
     "Plan",
     "PlanMismatchError",
+    "PolicyFile",
+    "PolicyFileError",
+    "PolicyMismatchError",
     "SolverTimeoutError",
     "UnsupportedProgramError",
+    "fits",
+    "load_plan",
+    "measure_step",
     "optimize",
     "parse_budget",
     "plan",

@@ -1,13 +1,35 @@
-"""The ``autoremat`` command line."""
+"""The ``autoremat`` command line: ``plan``, ``report``, ``bench`` and ``demo``."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import importlib
+import inspect
+import itertools
+import json
+import os
+import pathlib
+import shlex
+import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import TextIO
 
 import click
 
+import autoremat
+from autoremat import zoo
 from autoremat._budget import parse_budget
+from autoremat._policy_file import PolicyFile, PolicyFileError
+from autoremat._report import format_report
+
+_BUDGET_HELP = ("Peak bytes of the training step: '8GiB', 8000000000, or 0.4 (fraction of "
+                "the no-remat activation memory).")
+# Errors of planning itself (not of the arguments): exit 1 with the message.
+_PLAN_ERRORS = (autoremat.InfeasibleBudgetError, autoremat.SolverTimeoutError,
+                autoremat.UnsupportedProgramError)
 
 
 def _number_or_text(text: str) -> int | float | str:
@@ -22,7 +44,7 @@ def _number_or_text(text: str) -> int | float | str:
 class _BudgetType(click.ParamType):
     name = "budget"
 
-    def convert(self, value, param, ctx):  # noqa: ANN001, ANN201 (click's signature)
+    def convert(self, value, param, ctx):
         if not isinstance(value, str):
             return value
         try:
@@ -31,36 +53,273 @@ class _BudgetType(click.ParamType):
             self.fail(str(e), param, ctx)
 
 
+class _ObjectType(click.ParamType):
+    """``MODULE:NAME``: a callable imported from a module, the working directory first."""
+
+    name = "module:name"
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str):
+            return value
+        module_name, _, attr = value.partition(":")
+        if not module_name or not attr:
+            self.fail(f"{value!r} is not MODULE:NAME (for example 'train:loss').", param, ctx)
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            obj = importlib.import_module(module_name)
+        except ImportError as e:
+            self.fail(f"cannot import {module_name!r}: {e}.", param, ctx)
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                self.fail(f"module {module_name!r} has no attribute {attr!r}.", param, ctx)
+            obj = getattr(obj, part)
+        if not callable(obj):
+            self.fail(f"{value} is not callable ({type(obj).__name__}).", param, ctx)
+        return obj
+
+
+class _PolicyFileType(click.ParamType):
+    """A policy file's path, read and validated."""
+
+    name = "file"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, PolicyFile):
+            return value
+        try:
+            return PolicyFile.read(value)
+        except OSError as e:
+            self.fail(f"cannot read {value!r}: {e.strerror}.", param, ctx)
+        except PolicyFileError as e:
+            self.fail(str(e), param, ctx)
+
+
+def _takes_no_arguments(fn: Callable) -> bool:
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        return False
+    except ValueError:  # no signature to inspect (some builtins): let the call decide
+        pass
+    return True
+
+
+def _not_loss_and_args(made: object) -> str | None:
+    """What is wrong with ``made`` as a ``(loss, args)`` pair, or ``None``."""
+    if not isinstance(made, tuple):
+        return f"it returned a {type(made).__name__}"
+    if len(made) != 2:
+        return f"it returned a tuple of {len(made)} items"
+    if not callable(made[0]):
+        return f"its first item is a {type(made[0]).__name__}, not a function"
+    if not isinstance(made[1], tuple):
+        return f"its second item is a {type(made[1]).__name__}, not a tuple"
+    return None
+
+
+@contextlib.contextmanager
+def _progress(label: str, stream: TextIO | None = None) -> Iterator[None]:
+    """Shows ``label`` while the block runs: on a terminal with a spinner and the elapsed
+    seconds (erased at the end), elsewhere once.
+
+    Tracing runs in Python and the solver releases the GIL, so the spinner keeps turning
+    through both.
+    """
+    stream = stream or click.get_text_stream("stderr")
+    if not stream.isatty():
+        click.echo(f"{label} ...", file=stream)
+        yield
+        return
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def spin() -> None:
+        for frame in itertools.cycle("|/-\\"):
+            click.echo(f"\r{frame} {label} {time.perf_counter() - start:.0f} s", file=stream,
+                       nl=False)
+            if done.wait(0.2):
+                break
+        click.echo("\r\033[K", file=stream, nl=False)
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float,
+                     rows: int) -> autoremat.Plan:
+    """Plans with a progress display, prints the report, and returns the plan."""
+    start = time.perf_counter()
+    with _progress(f"planning (solver time limit {time_limit:g} s)"):
+        try:
+            plan = autoremat.plan(fn, *args, budget=budget, time_limit_s=time_limit)
+        except _PLAN_ERRORS as e:
+            raise click.ClickException(str(e)) from None
+    click.echo(plan.report(max_rows=rows))
+    click.echo(f"\nplanned in {time.perf_counter() - start:.1f} s (trace, solve and checks)")
+    return plan
+
+
 @click.group()
 def main() -> None:
     """Automatic rematerialization for JAX under a memory budget."""
 
 
+@main.command("plan")
+@click.argument("function", type=_ObjectType(), required=False)
+@click.option("--args", "make_args", type=_ObjectType(),
+              help="MODULE:NAME of a function of no arguments returning the tuple of "
+                   "FUNCTION's example arguments.")
+@click.option("--model", type=click.Choice(list(zoo.ZOO)), metavar="NAME",
+              help="Plan a bundled model (autoremat.zoo) instead of FUNCTION: "
+                   f"{', '.join(zoo.ZOO)}.")
+@click.option("--budget", type=_BudgetType(), required=True, help=_BUDGET_HELP)
+@click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=pathlib.Path),
+              required=True, help="The policy file to write (JSON).")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Solver time limit in seconds.")
+@click.option("--rows", type=click.IntRange(min=0), default=25, show_default=True,
+              help="Decision rows to print.")
+def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
+                 budget: float, out: pathlib.Path, time_limit: float, rows: int) -> None:
+    """Plan remat for a function under a budget, write the policy file, print the report.
+
+    FUNCTION is MODULE:NAME, imported with the working directory on the module path. With
+    --args it is the function to plan (a loss); without, a function of no arguments that
+    returns (loss, args), args the tuple of the loss's positional arguments. Arguments are
+    pytrees of arrays or jax.ShapeDtypeStruct: only shapes and dtypes are used.
+
+    \b
+    autoremat plan train:loss --args train:example_args --budget 8GiB --out policy.json
+    autoremat plan train:make_loss_and_args --budget 0.4 --out policy.json
+    autoremat plan --model gpt2-small --budget 3GiB --out policy.json
+    """
+    if (function is None) == (model is None):
+        raise click.UsageError("give FUNCTION (MODULE:NAME) or --model NAME, one of the two.")
+    if make_args is not None and model is not None:
+        raise click.UsageError("--args goes with FUNCTION; a --model brings its own arguments.")
+    if not out.parent.is_dir():
+        raise click.BadParameter(f"directory '{out.parent}' does not exist.",
+                                 param_hint="'--out'")
+    if model is not None:
+        entry = zoo.get(model)
+        click.echo(f"{entry.name}: {entry.description}")
+        fn, args = entry.make_loss(), (entry.param_shapes(), entry.batch_shapes())
+    elif make_args is not None:
+        if not _takes_no_arguments(make_args):
+            raise click.BadParameter("it must be callable with no arguments.",
+                                     param_hint="'--args'")
+        fn, args = function, make_args()
+        if not isinstance(args, tuple):
+            raise click.BadParameter(f"it returned a {type(args).__name__}; it must return the "
+                                     "tuple of FUNCTION's positional arguments.",
+                                     param_hint="'--args'")
+    else:
+        if not _takes_no_arguments(function):
+            raise click.BadParameter(
+                "it takes arguments: give its example arguments with --args MODULE:NAME, or "
+                "name a function of no arguments that returns (loss, args).",
+                param_hint="'[FUNCTION]'")
+        made = function()
+        problem = _not_loss_and_args(made)
+        if problem:
+            raise click.BadParameter(f"without --args it must return (loss, args), args a "
+                                     f"tuple; {problem}.", param_hint="'[FUNCTION]'")
+        fn, args = made
+    plan = _plan_and_report(fn, args, budget, time_limit, rows)
+    try:
+        plan.save(out)
+    except OSError as e:
+        raise click.ClickException(f"cannot write the policy file '{out}': {e.strerror}.") from None
+    click.echo(f"wrote {out}")
+
+
+@main.command("report")
+@click.argument("file", type=_PolicyFileType())
+@click.option("--rows", type=click.IntRange(min=0), default=25, show_default=True,
+              help="Decision rows to print.")
+def report_command(file: PolicyFile, rows: int) -> None:
+    """Print the report of the plan in a policy FILE (from `autoremat plan` or Plan.save).
+
+    The file alone is read: the function is not imported or traced.
+    """
+    click.echo(f"made by autoremat {file.autoremat_version} with jax {file.jax_version} for "
+               f"program {file.fingerprint}; objective {file.objective}\n")
+    click.echo(format_report(file, max_rows=rows))
+
+
 @main.command()
 @click.option("--budget", type=_BudgetType(), default="3GiB", show_default=True,
-              help="Peak bytes of the training step: '3GiB', 3000000000, or 0.3 (fraction "
-                   "of the no-remat activation memory).")
+              help=_BUDGET_HELP)
 @click.option("--scan/--unrolled", default=False, show_default=True,
               help="Scan over layers instead of unrolling them.")
-@click.option("--time-limit", type=float, default=60.0, show_default=True,
-              help="Solver time limit in seconds.")
-@click.option("--rows", type=int, default=25, show_default=True, help="Decision rows to print.")
-def demo(budget: int | float, scan: bool, time_limit: float, rows: int) -> None:
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Solver time limit in seconds.")
+@click.option("--rows", type=click.IntRange(min=0), default=25, show_default=True,
+              help="Decision rows to print.")
+def demo(budget: float, scan: bool, time_limit: float, rows: int) -> None:
     """Plan remat for the bundled GPT-2-small-style model and print the report.
 
     The model is traced from shapes only (12 layers, d 768, 12 heads, seq 1024, batch 8,
     bf16): nothing is allocated or run.
     """
-    import autoremat
     from autoremat.zoo import gpt2
 
     config = dataclasses.replace(gpt2.GPT2_SMALL, scan_layers=scan)
     click.echo(f"GPT-2-small-style, {'scanned' if scan else 'unrolled'} layers: {config}")
-    start = time.perf_counter()
-    try:
-        plan = autoremat.plan(gpt2.make_loss(config), gpt2.param_shapes(config),
-                              gpt2.batch_shapes(config), budget=budget, time_limit_s=time_limit)
-    except autoremat.InfeasibleBudgetError as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(plan.report(max_rows=rows))
-    click.echo(f"\nplanned in {time.perf_counter() - start:.1f} s (trace, solve and checks)")
+    _plan_and_report(gpt2.make_loss(config), (gpt2.param_shapes(config),
+                                              gpt2.batch_shapes(config)),
+                     budget, time_limit, rows)
+
+
+@main.command()
+@click.option("--model", "model_names", type=click.Choice(list(zoo.ZOO)), multiple=True,
+              default=("gpt2-small",), show_default=True, metavar="NAME",
+              help=f"Zoo model to sweep (repeatable): {', '.join(zoo.ZOO)}.")
+@click.option("--target", type=click.Choice([*autoremat.TARGETS, "none"]), default="tpu-v5e",
+              show_default=True,
+              help="Compiler to measure with; 'none' for the analytic model alone.")
+@click.option("--budgets", "num_budgets", type=click.IntRange(min=2), default=8,
+              show_default=True, help="Budgets from the floor to the no-checkpoint peak.")
+@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="Solver time limit per plan, in seconds.")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Plan with the closed loop on the target's compiler.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=pathlib.Path),
+              default=pathlib.Path("bench/results"), show_default=True,
+              help="Directory for MODEL.md, MODEL.json and MODEL.png.")
+def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limit: float,
+          verify: bool, out: pathlib.Path) -> None:
+    """Sweep budgets for zoo models beside JAX's built-in policies; write a markdown
+    table, JSON and a Pareto plot per model.
+
+    Every plan and built-in policy is compiled for TARGET (the TPU compiler runs ahead of
+    time on a CPU machine: pip install "autoremat[tpu]"); a 12-layer model takes a
+    minute or more per compile.
+    """
+    from autoremat import _benchmark, _plots
+
+    out.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(["autoremat", *sys.argv[1:]])
+    for name in model_names:
+        model = zoo.get(name)
+        click.echo(f"{model.name}: {model.description}")
+        try:
+            sweep = _benchmark.sweep(model, target=None if target == "none" else target,
+                                     num_budgets=num_budgets, time_limit_s=time_limit,
+                                     verify=verify, log=click.echo)
+        except autoremat.CompilerUnavailableError as e:
+            raise click.ClickException(f"{e} (or use --target none)") from None
+        text = (f"# {model.name} on {target}\n\n{model.description}\n\nMade with `{command}`; "
+                f"versions: {json.dumps(sweep.versions)}. Analytic floor "
+                f"{sweep.floor_bytes / 2**20:.0f} MiB.\n\n{_benchmark.table(sweep)}\n")
+        (out / f"{name}.md").write_text(text)
+        (out / f"{name}.json").write_text(json.dumps(_benchmark.to_json(sweep, command),
+                                                     indent=2))
+        _plots.pareto(sweep, out / f"{name}.png")
+        click.echo(text)

@@ -17,27 +17,11 @@ from typing import Any
 import numpy as np
 from jax._src import core as jax_core
 
-_FREE = frozenset("""
-reshape broadcast_in_dim squeeze expand_dims transpose convert_element_type bitcast_convert_type
-slice dynamic_slice dynamic_update_slice concatenate pad rev copy gather iota select_n
-stop_gradient name reduce_precision optimization_barrier device_put sharding_constraint
-split real imag complex empty zeros_like full_like pvary mesh_cast
-random_wrap random_unwrap random_seed random_bits threefry2x32 psum_invariant empty2
-debug_print debug_callback
-""".split())
+_FREE = frozenset(["reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "convert_element_type", "bitcast_convert_type", "slice", "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "rev", "copy", "gather", "iota", "select_n", "stop_gradient", "name", "reduce_precision", "optimization_barrier", "device_put", "sharding_constraint", "split", "real", "imag", "complex", "empty", "zeros_like", "full_like", "pvary", "mesh_cast", "random_wrap", "random_unwrap", "random_seed", "random_bits", "threefry2x32", "psum_invariant", "empty2", "debug_print", "debug_callback"])
 
-_ELEMENTWISE = frozenset("""
-add add_any sub mul div neg abs sign floor ceil round max min pow integer_pow square sqrt rsqrt cbrt
-exp exp2 log log1p expm1 tanh logistic sin cos tan asin acos atan atan2 sinh cosh asinh acosh
-atanh erf erfc erf_inv lgamma digamma is_finite eq ne lt le gt ge and or not xor
-shift_left shift_right_logical shift_right_arithmetic rem nextafter clamp scatter-add scatter
-scatter_add select_and_scatter_add population_count clz conj
-""".split())
+_ELEMENTWISE = frozenset(["add", "add_any", "sub", "mul", "div", "neg", "abs", "sign", "floor", "ceil", "round", "max", "min", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "lgamma", "digamma", "is_finite", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "rem", "nextafter", "clamp", "scatter-add", "scatter", "scatter_add", "select_and_scatter_add", "population_count", "clz", "conj"])
 
-_REDUCTIONS = frozenset("""
-reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin cumsum
-cumprod cummax cummin cumlogsumexp sort reduce_xor
-""".split())
+_REDUCTIONS = frozenset(["reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "reduce_xor"])
 
 _warned: set[str] = set()
 
@@ -45,6 +29,20 @@ _warned: set[str] = set()
 def fusible(name: str) -> bool:
     """Whether XLA fuses ``name`` into its consumers, so its output need not exist."""
     return name in _FREE or name in _ELEMENTWISE
+
+
+def fuses_cotangent(name: str) -> bool:
+    """Whether the cotangent ``name``'s transpose sends to its inputs fuses into the
+    consumers of that cotangent: true for elementwise and data-movement ops, and for
+    reductions (whose transposes broadcast); false for dots, convolutions, loops and
+    calls, whose transposes materialize their results."""
+    return fusible(name) or name in _REDUCTIONS
+
+
+def moves_data(name: str) -> bool:
+    """Whether ``name`` moves or relayouts data without arithmetic (no FLOPs, but memory
+    traffic when recomputed)."""
+    return name in _FREE
 
 
 def _size(aval: Any) -> int:

@@ -56,12 +56,18 @@ class Region:
       length: iterations (1 for a segment).
       work_bytes: peak bytes live during one forward pass through the region (one
         iteration for a scan), its inputs from other regions included.
+      cotangent_bytes: peak bytes of cotangents that exist during one backward pass
+        through the region (those of elementwise chains fuse into their consumers).
+      grad_bytes: bytes of argument gradients that exist from the region's backward pass
+        on (those of arguments read in this region or later).
     """
 
     index: int
     kind: str
     length: int
     work_bytes: int
+    cotangent_bytes: int
+    grad_bytes: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +97,19 @@ class Graph:
 
     @property
     def fixed_bytes(self) -> int:
-        """Bytes every plan holds: the arguments and their gradients."""
+        """Bytes every plan holds by the end: the arguments and their gradients."""
         return self.arg_bytes + self.grad_bytes
+
+    def backward_base_bytes(self) -> np.ndarray:
+        """Bytes in use at each region's backward stage whatever the plan: the arguments,
+        the gradients made so far and the region's cotangents."""
+        return np.array([self.arg_bytes + r.grad_bytes + r.cotangent_bytes
+                         for r in self.regions], dtype=np.int64)
+
+    def forward_base_bytes(self) -> np.ndarray:
+        """Bytes in use at each region's forward stage whatever the plan: the arguments and
+        the region's forward working set."""
+        return np.array([self.arg_bytes + r.work_bytes for r in self.regions], dtype=np.int64)
 
     def iterations(self) -> np.ndarray:
         """How many times each value is computed per step (its region's length)."""

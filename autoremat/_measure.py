@@ -27,8 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import importlib.util
+import json
 import os
+import pathlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,6 +65,10 @@ _TPU_INSTALL = 'pip install "autoremat[tpu]"'
 # so it also tells apart functions whose program depends on JAX settings (remat mode,
 # matmul precision) or on state captured in closures.
 _cache: dict[tuple[str, str, tuple[tuple[str, str], ...]], Measurement] = {}
+
+#: Set to a directory to keep compiled figures across processes (one JSON file per
+#: program, target, options and compiler version); compiles of big steps take minutes.
+CACHE_DIR_ENV = "AUTOREMAT_MEASURE_CACHE"
 
 
 class CompilerUnavailableError(RuntimeError):
@@ -117,6 +124,12 @@ def measure_step(fn: Callable, *args: Any, target: str = "tpu-v5e",
     return _compile(fn, args, target, argnums, {})
 
 
+def float_argnums(args: Sequence[Any]) -> tuple[int, ...]:
+    """Positions of the arguments with a floating-point leaf: those a plan differentiates."""
+    is_float = lambda x: jax.numpy.issubdtype(jax.numpy.result_type(x), jax.numpy.inexact)
+    return tuple(k for k, a in enumerate(args) if any(map(is_float, jax.tree.leaves(a))))
+
+
 def fits(fn: Callable, *args: Any, budget_bytes: int, target: str = "tpu-v5e",
          argnums: int | Sequence[int] = 0) -> bool:
     """Whether the TPU compiler fits the training step in ``budget_bytes`` of HBM.
@@ -165,18 +178,35 @@ def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int
     lowered = jax.jit(jax.grad(fn, argnums)).lower(*avals)
     key = (hashlib.sha256(lowered.as_text().encode()).hexdigest(), target,
            tuple(sorted(options.items())))
-    if key not in _cache:
-        compiled = lowered.compile(compiler_options=options or None)
-        memory = compiled.memory_analysis()
-        _cache[key] = Measurement(
-            target=target,
-            peak_bytes=int(memory.peak_memory_in_bytes),
-            temp_bytes=int(memory.temp_size_in_bytes),
-            argument_bytes=int(memory.argument_size_in_bytes),
-            output_bytes=int(memory.output_size_in_bytes),
-            flops=float(compiled.cost_analysis().get("flops", float("nan"))),
-            compile_seconds=time.perf_counter() - start)
+    if key in _cache:
+        return _cache[key]
+    path = _disk_path(key)
+    if path is not None and path.exists():
+        _cache[key] = Measurement(**json.loads(path.read_text()))
+        return _cache[key]
+    compiled = lowered.compile(compiler_options=options or None)
+    memory = compiled.memory_analysis()
+    _cache[key] = Measurement(
+        target=target,
+        peak_bytes=int(memory.peak_memory_in_bytes),
+        temp_bytes=int(memory.temp_size_in_bytes),
+        argument_bytes=int(memory.argument_size_in_bytes),
+        output_bytes=int(memory.output_size_in_bytes),
+        flops=float(compiled.cost_analysis().get("flops", float("nan"))),
+        compile_seconds=time.perf_counter() - start)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dataclasses.asdict(_cache[key])))
     return _cache[key]
+
+
+def _disk_path(key: tuple[str, str, tuple[tuple[str, str], ...]]) -> pathlib.Path | None:
+    root = os.environ.get(CACHE_DIR_ENV)
+    if not root:
+        return None
+    compiler = "gpu" if key[1] == "gpu" else importlib.metadata.version("libtpu")
+    digest = hashlib.sha256(repr((key, compiler, jax.__version__)).encode()).hexdigest()
+    return pathlib.Path(root) / f"{digest}.json"
 
 
 def _device(target: str) -> tuple[jax.Device, dict[str, str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,7 +13,15 @@ import jax
 from autoremat_solvers import policy as policy_model
 from autoremat_solvers.milp import MilpStatus
 
-from autoremat import _program, _report, _rewrite, _solve, _trace
+from autoremat import (
+    _measure,
+    _policy_file,
+    _program,
+    _report,
+    _rewrite,
+    _solve,
+    _trace,
+)
 from autoremat._budget import Budget, format_bytes, parse_budget
 from autoremat._graph import Graph
 
@@ -27,6 +36,14 @@ class InfeasibleBudgetError(ValueError):
             f"no remat plan fits a budget of {budget_bytes} bytes ({format_bytes(budget_bytes)}); "
             f"the smallest feasible budget is {floor_bytes} bytes ({format_bytes(floor_bytes)}). "
             "Raise the budget, shrink the batch, or shard the step.")
+
+
+class BudgetNotVerifiedError(RuntimeError):
+    """The closed loop (``verify``) ran out of rounds before the compiler's peak fit."""
+
+
+# Lowered a little past the measured excess, so the next plan does not land on the edge.
+_VERIFY_MARGIN = 2**20
 
 
 class SolverTimeoutError(RuntimeError):
@@ -51,6 +68,9 @@ class Plan:
         (see ``gap``).
       gap: relative gap between the plan's recompute cost and the solver's lower bound.
       solve_seconds: time spent in the solver.
+      verified_peak_bytes: the real compiler's peak for the step, when the plan was made
+        with ``verify`` (``None`` otherwise).
+      verify_target: the target it was compiled for (``None`` without ``verify``).
       graph: the traced value graph (not part of equality or hashing).
     """
 
@@ -66,6 +86,8 @@ class Plan:
     gap: float
     solve_seconds: float = dataclasses.field(compare=False)
     graph: Graph = dataclasses.field(compare=False, repr=False)
+    verified_peak_bytes: int | None = None
+    verify_target: str | None = None
 
     @property
     def overhead(self) -> float:
@@ -93,6 +115,11 @@ class Plan:
     def report(self, max_rows: int = 40) -> str:
         """A readable table of the plan's decisions, largest first, with its totals."""
         return _report.report(self, max_rows=max_rows)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the plan to a policy file (JSON), for :func:`load_plan` and
+        ``autoremat report``."""
+        _policy_file.PolicyFile.from_plan(self).write(path)
 
 
 def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
@@ -127,7 +154,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
 
 
 def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
-         backends: tuple[str, ...] = ("HIGHS", "SCIP"), **kwargs: Any) -> Plan:
+         backends: tuple[str, ...] = ("HIGHS", "SCIP"), verify: str | None = None,
+         verify_rounds: int = 4, **kwargs: Any) -> Plan:
     """Plans remat for ``fn(*args, **kwargs)`` under ``budget``.
 
     Args:
@@ -142,14 +170,24 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
       backends: OR-tools MIP backends tried in turn within the time limit, from
         ``"HIGHS"``, ``"SCIP"`` and ``"CBC"``.
+      verify: a target of :mod:`autoremat._measure` (``"tpu-v5e"``, ``"tpu-v4"``, ...,
+        ``"gpu"``): the closed loop. The planned step is compiled for the target; while the
+        compiler's peak exceeds the budget, the model's budget is lowered by the excess
+        and the plan solved again, so that a returned plan fits on the real compiler
+        (``Plan.verified_peak_bytes``). Each round is one compile (seconds to a minute).
+      verify_rounds: the most compiles the closed loop makes.
 
     Returns:
       A :class:`Plan`.
 
     Raises:
       ValueError: the budget is malformed or not positive.
-      InfeasibleBudgetError: no plan fits; the message states the smallest budget that does.
+      InfeasibleBudgetError: no plan fits; the message states the smallest budget that does
+        (with ``verify``, the compiler's peak for the smallest plan the model allows).
       SolverTimeoutError: the time limit passed before any plan was found.
+      BudgetNotVerifiedError: with ``verify``, no plan fit on the compiler within
+        ``verify_rounds`` compiles.
+      CompilerUnavailableError: ``verify`` names a compiler this machine lacks.
 
     Example:
       >>> import jax, jax.numpy as jnp, autoremat
@@ -162,7 +200,31 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
       >>> grads = jax.grad(p.apply(loss))(w, x)
     """
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
-    return plan_flat(flat_fn, avals, budget, time_limit_s=time_limit_s, backends=backends)
+    solve = functools.partial(plan_flat, flat_fn, avals, time_limit_s=time_limit_s,
+                              backends=backends)
+    result = solve(budget)
+    if verify is None:
+        return result
+    bound = functools.partial(fn, **kwargs)
+    argnums = _measure.float_argnums(args)
+    real_peak = lambda p: _measure.measure_step(p.apply(bound), *args, target=verify,
+                                                argnums=argnums).peak_bytes
+    target_bytes, model_budget = result.budget_bytes, result.budget_bytes
+    for _ in range(verify_rounds):
+        peak = real_peak(result)
+        if peak <= target_bytes:
+            return dataclasses.replace(result, budget_bytes=target_bytes,
+                                       verified_peak_bytes=peak, verify_target=verify)
+        model_budget -= peak - target_bytes + _VERIFY_MARGIN
+        try:
+            result = solve(model_budget)
+        except InfeasibleBudgetError as e:
+            floor_peak = real_peak(solve(e.floor_bytes))
+            raise InfeasibleBudgetError(target_bytes, floor_peak) from None
+    raise BudgetNotVerifiedError(
+        f"after {verify_rounds} compiles for {verify} the step still peaks at "
+        f"{format_bytes(peak)} against a budget of {format_bytes(target_bytes)}; raise "
+        "verify_rounds or the budget.")
 
 
 def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int] = (),
@@ -210,3 +272,34 @@ def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int
         return apply(*dynamic, **kwargs)
 
     return wrapped
+
+
+def load_plan(path: str | os.PathLike, fn: Callable, *args: Any, **kwargs: Any) -> Plan:
+    """The plan saved at ``path`` (by :meth:`Plan.save`), for ``fn(*args, **kwargs)``.
+
+    ``fn`` is traced again and each of the file's decisions found among its values; the
+    plan saves and recomputes the same values as the saved plan, and its figures are
+    predicted afresh.
+
+    Args:
+      path: the policy file.
+      fn: the function the plan was made for.
+      *args, **kwargs: example arguments as for :func:`plan` (only shapes and dtypes).
+
+    Raises:
+      OSError: the file cannot be read.
+      autoremat.PolicyFileError: the file is not a valid policy file; the message names
+        the field.
+      autoremat.PolicyMismatchError: the file does not match ``fn`` and these argument
+        shapes; the message lists the differences.
+    """
+    policy = _policy_file.PolicyFile.read(path)
+    flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
+    _, _, graph = _trace.trace(flat_fn, avals)
+    d = policy.match(graph, where=os.fspath(path))
+    return Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=policy.budget_bytes,
+                peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
+                recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
+                no_remat_peak_bytes=_solve.no_remat(graph, _solve.to_problem(graph)).peak_bytes,
+                status=d.status, gap=d.gap, solve_seconds=d.solve_seconds, graph=graph,
+                verified_peak_bytes=policy.verified_peak_bytes, verify_target=policy.target)

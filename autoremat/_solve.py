@@ -3,19 +3,29 @@
 The graph is stated as an :class:`autoremat_solvers.policy.PolicyProblem` (memory model
 below) and solved as an integer program through OR-tools.
 
-Memory model. The peak of the gradient computation is taken at the backward stage of
-each region ``i`` (regions in program order; the backward visits them in reverse):
+Memory model. Regions are numbered in program order; the backward visits them in
+reverse. At region ``i``'s stage the bytes in use are:
 
-* all arguments, and one gradient per floating-point argument (held to the end);
-* every residual saved by regions ``0..i`` (a scan body's residuals times its length);
-* region ``i``'s working set: the bytes live in one forward pass through it (one
-  iteration for a scan), standing in for its cotangents and for recomputed values that
-  only feed other recomputations, plus every recomputed value its backward reads, all
-  counted live together (they are recomputed before the region's backward starts).
+* forward stage: the arguments, the region's forward working set (bytes live in one pass
+  through it, one iteration for a scan), every residual saved by regions ``0..i-1`` (a
+  scan body's residuals times its length), and region ``i``'s saved values that would
+  otherwise fuse away (all of them for a scan);
+* backward stage: the arguments, the gradients made so far (of the arguments read in
+  region ``i`` or later), the region's cotangents (those that materialize: elementwise
+  chains fuse into the transposes that read them), the residuals saved by regions
+  ``0..i``, and every value region ``i`` recomputes whose output materializes (dots,
+  convolutions, reductions, loops and calls; recomputed elementwise and data-movement
+  values fuse into their consumers), all counted live together.
 
-Forward stages hold a subset of this (no gradients yet), so they never set the peak.
-The model is conservative: a value saved for a later region is counted from the stage
-it is made in, and gradients are counted whole from the first backward stage.
+The model is conservative where the compiler's schedule is unknown (recomputed values
+all live at once, a saved value counted from its region's forward to the end of its
+backward) and optimistic where XLA's fusion decides (a long elementwise chain recomputed
+for several consumers may be materialized once). :mod:`autoremat._measure` checks plans
+against the real compiler.
+
+Objective: the recompute FLOPs, plus, as tie-breaks, one unit per recomputed instance
+and one per element moved by a recomputed data-movement op (a transpose recomputed from
+a saved dot can make XLA compute the dot twice, once per layout).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import numpy as np
 from autoremat_solvers import policy as policy_model
 from autoremat_solvers.milp import MilpStatus
 
+from autoremat._cost import fusible, moves_data
 from autoremat._graph import Graph
 
 
@@ -46,15 +57,23 @@ class Decisions:
 def to_problem(graph: Graph) -> policy_model.PolicyProblem:
     """The graph's save/recompute problem, with the memory model of the module doc."""
     index = {v.id: k for k, v in enumerate(graph.values)}
+    materialized = np.array([not fusible(v.primitive) for v in graph.values], dtype=np.int64)
+    moved = np.array([moves_data(v.primitive) * v.nbytes // np.dtype(v.dtype).itemsize
+                      for v in graph.values], dtype=np.int64)
     edges = np.array([(index[u], k) for k, v in enumerate(graph.values) for u in v.inputs],
                      dtype=np.int64).reshape(-1, 2)
+    held = graph.array("multiplicity") * graph.array("nbytes")
+    in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     return policy_model.PolicyProblem(
-        # One extra unit per instance breaks ties towards fewer recomputed values.
-        cost=(graph.recompute_flops() + graph.iterations()).astype(float),
-        held=graph.array("multiplicity") * graph.array("nbytes"),
-        transient=graph.array("nbytes") * graph.array("needed"),
+        cost=(graph.recompute_flops() + graph.iterations() * (1 + moved)).astype(float),
+        held=held,
+        transient=graph.array("nbytes") * materialized,
         region=graph.array("region"),
-        base=np.array([graph.fixed_bytes + r.work_bytes for r in graph.regions], dtype=np.int64),
+        base=graph.backward_base_bytes(),
+        forward_base=graph.forward_base_bytes(),
+        # A saved value that materializes anyway is already in the forward working set; a
+        # scan's saved values fill a stacked buffer allocated for the whole loop.
+        forward_held=np.where(in_scan | ~materialized.astype(bool), held, 0),
         must_cover=graph.array("needed", bool),
         must_save=graph.array("needed_across", bool),
         can_save=graph.array("saveable", bool),

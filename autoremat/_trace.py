@@ -29,7 +29,7 @@ from jax._src import core as jax_core
 from jax._src import source_info_util
 
 from autoremat import _program
-from autoremat._cost import eqn_flops, fusible, jaxpr_flops
+from autoremat._cost import eqn_flops, fuses_cotangent, fusible, jaxpr_flops
 from autoremat._graph import Graph, Region, Value
 from autoremat._program import Atom, Eqn, Program, Segment
 
@@ -136,11 +136,65 @@ def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int], aval
             cur += size(o)
             live.add(o)
         peak = max(peak, cur)
-        for a in set(a for a in e.ins if isinstance(a, int)):
+        for a in {a for a in e.ins if isinstance(a, int)}:
             if last.get(a) == i and a not in kept and a in live:
                 live.discard(a)
                 cur -= size(a)
     return peak
+
+
+def _cotangent_bytes(eqns: Sequence[Eqn], later: set[int], avals: dict,
+                     differentiable: set[int]) -> int:
+    """Peak bytes of cotangents live in one backward pass over ``eqns`` (in reverse).
+
+    A value's cotangent exists from the backward of its last reader to that of its
+    producer. It is materialized when some reader's transpose is a dot, convolution, loop
+    or call, or when it arrives from another region (``later``); otherwise it is an
+    elementwise expression that XLA fuses into the transposes that read it.
+    """
+    materialized = set(later) | {a for e in eqns if not fuses_cotangent(e.primitive.name)
+                                 for a in e.ins if isinstance(a, int)}
+    size = lambda i: _program.nbytes(avals[i]) if i in materialized else 0
+    live = {o for o in later if o in differentiable}
+    cur = peak = sum(size(i) for i in live)
+    for e in reversed(eqns):
+        for a in {a for a in e.ins if isinstance(a, int) and a in differentiable} - live:
+            live.add(a)
+            cur += size(a)
+        peak = max(peak, cur)
+        for o in set(e.outs) & live:
+            live.discard(o)
+            cur -= size(o)
+    return peak
+
+
+def _differentiable(program: Program) -> set[int]:
+    """Values that carry a cotangent: floating-point values computed from floating-point
+    arguments (a scan body's carries and slices count when floating-point)."""
+    out = {a for a in program.args if _is_float(program.avals[a])}
+
+    def visit(eqns: Sequence[Eqn]) -> None:
+        for e in eqns:
+            if e.scan_body is not None:
+                body = e.scan_body
+                out.update(i for i in (*body.carry_in, *body.xs_in) if _is_float(program.avals[i]))
+                out.update(c for c, o in zip(body.consts, e.ins) if o in out)
+                visit(body.eqns)
+            if e.primitive.name != "stop_gradient" and any(a in out for a in e.ins
+                                                           if isinstance(a, int)):
+                out.update(o for o in e.outs if _is_float(program.avals[o]))
+
+    visit(program.eqns)
+    return out
+
+
+def _grad_bytes_by_region(program: Program, regions: Sequence[Segment]) -> list[int]:
+    """Bytes of argument gradients that exist at each region's backward stage: an
+    argument's gradient appears at the backward of the last region reading it."""
+    last = {a: r.index for r in regions for e in r.eqns for a in e.ins if isinstance(a, int)}
+    grads = [(last.get(a, len(regions)), _program.nbytes(program.avals[a]))
+             for a in program.args if _is_float(program.avals[a])]
+    return [sum(b for r, b in grads if r >= i) for i in range(len(regions))]
 
 
 def _source(eqn: Eqn) -> str:
@@ -226,6 +280,8 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
     _check_effects(program.eqns)
     regions = _program.split_regions(program, segment_cuts(program))
     free = set(program.args) | set(program.consts)
+    differentiable = _differentiable(program)
+    grad_bytes = _grad_bytes_by_region(program, regions)
 
     records: dict[int, dict[str, Any]] = {}
     region_infos = []
@@ -242,11 +298,11 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
     def add(vid: int, region: int, mult: int, primitive: str, source: str, flops: int,
             inputs: Sequence[Atom], saveable: bool, recomputable: bool) -> None:
         aval = program.avals[vid]
-        records[vid] = dict(
-            id=vid, shape=tuple(aval.shape), dtype=str(aval.dtype), nbytes=_program.nbytes(aval),
-            multiplicity=mult, primitive=primitive, source=source, flops=flops, region=region,
-            inputs=tuple(dict.fromkeys(a for a in inputs if isinstance(a, int) and a not in free)),
-            saveable=saveable, recomputable=recomputable, needed=False)
+        records[vid] = {
+            "id": vid, "shape": tuple(aval.shape), "dtype": str(aval.dtype), "nbytes": _program.nbytes(aval),
+            "multiplicity": mult, "primitive": primitive, "source": source, "flops": flops, "region": region,
+            "inputs": tuple(dict.fromkeys(a for a in inputs if isinstance(a, int) and a not in free)),
+            "saveable": saveable, "recomputable": recomputable, "needed": False}
 
     def add_eqns(eqns: Sequence[Eqn], region: int, mult: int, alias: dict[int, Atom]) -> None:
         for e in eqns:
@@ -267,7 +323,9 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
             arg_pos = mark_needed(fn, r.inputs, r)
             needed_across.update(r.inputs[k] for k in arg_pos)
             work = _work_bytes(r.eqns, r.inputs, set(r.outputs), program.avals, free)
-            region_infos.append(Region(r.index, "segment", 1, work))
+            cotangents = _cotangent_bytes(r.eqns, set(r.outputs), program.avals, differentiable)
+            region_infos.append(Region(r.index, "segment", 1, work, cotangents,
+                                       grad_bytes[r.index]))
             continue
         (scan,) = r.eqns
         body, length = scan.scan_body, scan.params["length"]
@@ -306,7 +364,9 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
         kept = {a for a in (*body.carry_out, *body.ys_out) if isinstance(a, int)}
         work = _work_bytes(body.eqns, [*body.carry_in, *body.xs_in], kept, program.avals,
                            free | set(body.consts) | set(body.xs_in))
-        region_infos.append(Region(r.index, "scan", length, work))
+        cotangents = _cotangent_bytes(body.eqns, kept, program.avals, differentiable)
+        region_infos.append(Region(r.index, "scan", length, work, cotangents,
+                                   grad_bytes[r.index]))
 
     # An xs slice is a view of the scan's input: reading it holds the whole input.
     for rec in records.values():

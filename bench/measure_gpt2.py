@@ -25,30 +25,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 import autoremat
 from autoremat import _measure
 from autoremat.zoo import gpt2
 
 MIB = 2**20
-
-
-def checkpointed_loss(c: gpt2.GPT2Config, policy: Callable) -> Callable:
-    """:func:`gpt2.make_loss` with every block in a ``jax.checkpoint`` under ``policy``."""
-    block = jax.checkpoint(gpt2.block, policy=policy, static_argnums=(2,))
-
-    def loss(params: gpt2.Params, batch: dict[str, jax.Array]) -> jax.Array:
-        tokens = batch["tokens"]
-        x = params["wte"][tokens] + params["wpe"][: tokens.shape[1]]
-        for p in params["layers"]:
-            x = block(p, x, c.n_head)
-        x = gpt2._layer_norm(x, params["lnf_g"], params["lnf_b"])
-        logp = jax.nn.log_softmax(x @ params["wte"].T, axis=-1)
-        nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)
-        return nll.astype(jnp.float32).mean()
-
-    return loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +112,7 @@ def main() -> None:
     measure("autoremat budget=1.0 (save all)", full.apply(loss), full, full_seconds)
     for name in ("nothing_saveable", "dots_with_no_batch_dims_saveable"):
         policy = getattr(jax.checkpoint_policies, name)
-        measure(f"per-layer {name}", checkpointed_loss(c, policy))
+        measure(f"per-layer {name}", gpt2.make_loss(c, layer_policy=policy))
     for budget in opts.budgets:
         start = time.perf_counter()
         plan = autoremat.plan(loss, *args, budget=budget)

@@ -16,7 +16,7 @@ def mlp() -> tuple[Any, tuple]:
     keys = jax.random.split(jax.random.key(0), 6)
     params = [{"w": jax.random.normal(keys[i], (48, 48)) / 7, "b": jnp.full((48,), 0.1)}
               for i in range(4)]
-    x = jax.random.normal(keys[5], (16, 48))
+    x = jax.random.normal(keys[5], (256, 48))
 
     def loss(params: list, x: jax.Array) -> jax.Array:
         for layer in params:

@@ -1,14 +1,219 @@
-"""The README's main command, run as a user would."""
+"""The command line, run as a user would: in a subprocess, from a working directory."""
 
 from __future__ import annotations
 
+import importlib
+import io
+import os
+import pathlib
 import subprocess
 import sys
+import textwrap
+
+import pytest
+
+import autoremat
+from autoremat._cli import _progress
+
+# A user's module, imported by the command line from its working directory.
+EXAMPLE = textwrap.dedent("""
+    import jax
+    import jax.numpy as jnp
 
 
-def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autoremat", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    def loss(w, x):
+        for _ in range(4):
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x ** 2)
+
+
+    def example_args():
+        return (jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                jax.ShapeDtypeStruct((32, 64), jnp.float32))
+
+
+    def loss_and_args():
+        return loss, example_args()
+
+
+    def not_a_pair():
+        return example_args()
+
+
+    NOT_CALLABLE = 3
+""")
+
+
+def _run(*args: str, cwd: pathlib.Path | None = None, timeout: float = 120,
+         command: tuple[str, ...] = (sys.executable, "-m", "autoremat")
+         ) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd, env=env)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> pathlib.Path:
+    """A working directory holding the module ``cli_example``."""
+    path = tmp_path_factory.mktemp("work")
+    (path / "cli_example.py").write_text(EXAMPLE)
+    return path
+
+
+@pytest.fixture(scope="module")
+def example(workdir):
+    """(loss, args, budget): the example imported here, and a budget halfway between the
+    smallest feasible one and the no-remat peak."""
+    sys.path.insert(0, str(workdir))
+    try:
+        module = importlib.import_module("cli_example")
+    finally:
+        sys.path.remove(str(workdir))
+    args = module.example_args()
+    top = autoremat.plan(module.loss, *args, budget=1.0)
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.plan(module.loss, *args, budget=1)
+    return module.loss, args, (info.value.floor_bytes + top.budget_bytes) // 2
+
+
+@pytest.fixture(scope="module")
+def planned(workdir, example):
+    """``autoremat plan cli_example:loss --args cli_example:example_args``, run once."""
+    _, _, budget = example
+    result = _run("plan", "cli_example:loss", "--args", "cli_example:example_args",
+                  "--budget", str(budget), "--out", "policy.json", cwd=workdir)
+    return result, workdir / "policy.json"
+
+
+def test_plan_writes_the_policy_file_and_prints_the_report(planned, example):
+    result, path = planned
+    assert result.returncode == 0, result.stderr
+    assert "predicted peak" in result.stdout and "overhead" in result.stdout
+    assert "cli_example.py:" in result.stdout
+    assert result.stdout.rstrip().endswith("wrote policy.json")
+    assert "planning (solver time limit 60 s) ..." in result.stderr
+    loss, args, budget = example
+    assert autoremat.PolicyFile.read(path).budget_bytes == budget
+    assert autoremat.load_plan(path, loss, *args) == autoremat.plan(loss, *args, budget=budget)
+
+
+def test_report_prints_the_same_report_from_the_file_alone(planned, tmp_path):
+    result, path = planned
+    # Another directory, where the function cannot be imported: the file is enough.
+    report = _run("report", str(path), cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.startswith("made by autoremat 0.1.0 with jax ")
+    table = result.stdout[result.stdout.index("budget"):result.stdout.index("\nplanned in")]
+    assert table in report.stdout
+
+
+def test_plan_from_a_factory_of_loss_and_args(workdir, example, planned, tmp_path):
+    _, _, budget = example
+    out = tmp_path / "factory.json"
+    result = _run("plan", "cli_example:loss_and_args", "--budget", str(budget), "--out",
+                  str(out), "--time-limit", "30", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    decisions = autoremat.PolicyFile.read(out).decisions
+    assert decisions == autoremat.PolicyFile.read(planned[1]).decisions
+
+
+def test_plan_a_zoo_model(tmp_path):
+    result = _run("plan", "--model", "mlp-tiny", "--budget", "1.0", "--out", "mlp.json",
+                  "--rows", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("mlp-tiny: ")
+    assert (tmp_path / "mlp.json").exists()
+
+
+def test_console_script_imports_from_the_working_directory(workdir, tmp_path):
+    script = pathlib.Path(sys.executable).parent / "autoremat"
+    if not script.exists():
+        pytest.skip("the autoremat console script is not installed (pip install -e .)")
+    result = _run("plan", "cli_example:loss_and_args", "--budget", "1.0", "--out",
+                  str(tmp_path / "p.json"), cwd=workdir, command=(str(script),))
+    assert result.returncode == 0, result.stderr
+
+
+def test_plan_below_the_floor_says_the_floor(workdir, example, tmp_path):
+    loss, args, _ = example
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.plan(loss, *args, budget=1024)
+    out = tmp_path / "p.json"
+    result = _run("plan", "cli_example:loss_and_args", "--budget", "1KiB", "--out", str(out),
+                  cwd=workdir)
+    assert result.returncode == 1
+    assert f"the smallest feasible budget is {info.value.floor_bytes} bytes" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+_PLAN = ("plan", "cli_example:loss_and_args", "--budget", "1.0", "--out", "p.json")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("plan", "cli_example", "--budget", "1.0", "--out", "p.json"),
+     "'cli_example' is not MODULE:NAME"),
+    (("plan", "no_such_module:f", "--budget", "1.0", "--out", "p.json"),
+     "cannot import 'no_such_module'"),
+    (("plan", "cli_example:nothing", "--budget", "1.0", "--out", "p.json"),
+     "module 'cli_example' has no attribute 'nothing'"),
+    (("plan", "cli_example:NOT_CALLABLE", "--budget", "1.0", "--out", "p.json"),
+     "cli_example:NOT_CALLABLE is not callable (int)"),
+    (("plan", "cli_example:loss", "--budget", "1.0", "--out", "p.json"),
+     "it takes arguments: give its example arguments with --args"),
+    (("plan", "cli_example:not_a_pair", "--budget", "1.0", "--out", "p.json"),
+     "its first item is a ShapeDtypeStruct, not a function"),
+    (("plan", "cli_example:loss", "--args", "cli_example:loss", "--budget", "1.0", "--out",
+      "p.json"), "'--args': it must be callable with no arguments"),
+    (("plan", "--budget", "1.0", "--out", "p.json"), "give FUNCTION (MODULE:NAME) or --model"),
+    (("plan", "--model", "no-such-model", "--budget", "1.0", "--out", "p.json"),
+     "'no-such-model' is not one of"),
+    (_PLAN[:3] + ("lots",) + _PLAN[4:], "budget 'lots' is malformed"),
+    (_PLAN + ("--time-limit", "0"), "0.0 is not in the range x>0"),
+    (_PLAN[:5] + ("no/such/dir/p.json",), "directory 'no/such/dir' does not exist"),
+    (("report", "missing.json"), "cannot read 'missing.json': No such file or directory"),
+    (("report", "cli_example.py"), "cli_example.py is not JSON"),
+])
+def test_bad_arguments_are_usage_errors(workdir, args, message):
+    result = _run(*args, cwd=workdir)
+    assert result.returncode == 2, result.stderr
+    assert "Usage:" in result.stderr and message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (workdir / "p.json").exists()
+
+
+def test_report_of_a_foreign_or_tampered_file_names_the_field(workdir, planned, tmp_path):
+    _, path = planned
+    foreign = tmp_path / "package.json"
+    foreign.write_text('{"name": "left-pad", "version": "1.3.0"}')
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(path.read_text().replace('"version": 1', '"version": 7'))
+    for file, message in [(foreign, "field 'format' is missing"),
+                          (tampered, "has format version 7")]:
+        result = _run("report", str(file), cwd=workdir)
+        assert result.returncode == 2 and message in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_spins_with_elapsed_seconds_then_erases():
+    stream = _Terminal()
+    with _progress("planning", stream):
+        pass
+    text = stream.getvalue()
+    assert text.startswith("\r| planning 0 s")
+    assert text.endswith("\r\033[K")
+
+
+def test_progress_elsewhere_prints_the_label_once():
+    stream = io.StringIO()
+    with _progress("planning", stream):
+        pass
+    assert stream.getvalue() == "planning ...\n"
 
 
 def test_demo_plans_gpt2_small_within_two_minutes():

@@ -124,8 +124,8 @@ def check_program(ops, dtype, n_weights, fraction) -> None:
         np.testing.assert_allclose(b, a, rtol=tol, atol=tol * float(np.max(np.abs(a), initial=1)))
 
 
-_SETTINGS = dict(deadline=None, derandomize=True,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+_SETTINGS = {"deadline": None, "derandomize": True,
+                 "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
 
 
 @settings(max_examples=15, **_SETTINGS)

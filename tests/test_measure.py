@@ -120,3 +120,49 @@ def test_fresh_process_sets_tpu_environment_and_measures():
                          text=True, timeout=300, check=True).stdout.split()
     assert int(out[0]) > 0
     assert out[1:] == ["v5litepod-4", "1"]
+
+
+def _bf16_tiny_gpt2():
+    c = dataclasses.replace(gpt2.GPT2_TINY, dtype=jnp.bfloat16)
+    return gpt2.make_loss(c), (gpt2.param_shapes(c), gpt2.batch_shapes(c))
+
+
+@needs_libtpu
+@pytest.mark.parametrize("fraction", [0.2, 0.6])
+def test_closed_loop_plan_fits_on_the_compiler(fraction):
+    loss, args = _bf16_tiny_gpt2()
+    model_only = autoremat.plan(loss, *args, budget=fraction)
+    budget = model_only.budget_bytes
+    p = autoremat.plan(loss, *args, budget=budget, verify="tpu-v5e")
+    assert p.verify_target == "tpu-v5e"
+    assert p.budget_bytes == budget
+    real = _measure.measure_step(p.apply(loss), *args)
+    assert p.verified_peak_bytes == real.peak_bytes <= budget
+    assert model_only.verified_peak_bytes is None
+
+
+@needs_libtpu
+def test_closed_loop_below_the_real_floor_names_the_real_floor():
+    loss, args = _bf16_tiny_gpt2()
+    with pytest.raises(autoremat.InfeasibleBudgetError) as model_floor:
+        autoremat.plan(loss, *args, budget=1)
+    with pytest.raises(autoremat.InfeasibleBudgetError) as real_floor:
+        autoremat.plan(loss, *args, budget=model_floor.value.floor_bytes // 2, verify="tpu-v5e")
+    floor_plan = autoremat.plan(loss, *args, budget=model_floor.value.floor_bytes)
+    assert real_floor.value.floor_bytes == _measure.measure_step(floor_plan.apply(loss),
+                                                                  *args).peak_bytes
+
+
+def test_closed_loop_without_the_compiler_says_how_to_install(monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "libtpu" else find_spec(name, *a))
+    monkeypatch.delenv("TPU_LIBRARY_PATH", raising=False)
+    w = jnp.ones((8, 8))
+    with pytest.raises(autoremat.CompilerUnavailableError, match=r"autoremat\[tpu\]"):
+        autoremat.plan(_square_loss, w, w, budget=1.0, verify="tpu-v5e")
+
+
+def test_float_argnums_skips_integer_arguments():
+    args = ({"w": jnp.ones(2)}, {"tokens": jnp.ones(2, jnp.int32)}, jnp.ones(3))
+    assert _measure.float_argnums(args) == (0, 2)

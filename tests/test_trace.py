@@ -70,3 +70,33 @@ def test_unknown_primitive_gets_a_warning_and_a_conservative_cost():
     aval = jax.core.ShapedArray((10,), jnp.float32)
     with pytest.warns(UserWarning, match="no cost model for primitive 'mystery_op'"):
         assert eqn_flops("mystery_op", {}, [aval], [aval]) == 200
+
+
+def test_cotangents_of_elementwise_chains_fuse_and_those_of_dots_materialize():
+    x = jnp.ones((64, 256))
+
+    def elementwise(x):  # three equations: one region
+        return jnp.sum(jnp.exp(jnp.sin(x)))
+
+    def matmuls(w, x):
+        return jnp.sum((x @ w) @ w)
+
+    g = _graph(elementwise, x)
+    assert max(r.cotangent_bytes for r in g.regions) == 4  # the scalar output's alone
+    g = _graph(matmuls, jnp.ones((256, 256)), x)
+    # The cotangents of x @ w (read by a dot) and of x (read by a dot) exist.
+    assert max(r.cotangent_bytes for r in g.regions) >= x.nbytes
+
+
+def test_argument_gradients_appear_at_the_last_region_reading_them():
+    def loss(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x)
+
+    ws = [jnp.ones((128, 128)) / 128 for _ in range(8)]
+    g = _graph(loss, ws, jnp.ones((64, 128)))
+    grads = [r.grad_bytes for r in g.regions]
+    assert len(grads) > 2
+    assert grads == sorted(grads, reverse=True)
+    assert grads[0] == g.grad_bytes and grads[-1] < g.grad_bytes

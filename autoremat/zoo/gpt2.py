@@ -1,21 +1,30 @@
 """A GPT-2-style decoder (pre-LayerNorm, learned positions, GELU MLP, tied embeddings).
 
-Activations stay in the parameter dtype (bf16 for :data:`GPT2_SMALL`), LayerNorm
-statistics are computed in float32, and the causal mask is an additive bias.
+Activations stay in the parameter dtype (bf16 for :data:`GPT2_SMALL`); see
+:mod:`autoremat.zoo._layers` for where float32 is used. The causal mask is an additive
+bias. Projections carry MaxText's ``checkpoint_name`` names (:data:`NAMES`).
 
 Layers are unrolled (a Python loop) or scanned (``jax.lax.scan`` over stacked layer
-parameters). :data:`GPT2_SMALL` has GPT-2 small's shapes; :data:`GPT2_TINY` is for tests.
+parameters). :data:`GPT2_SMALL` has GPT-2 small's shapes (124.5M parameters; about
+11.0 GiB of residuals saved for the backward pass without remat); :data:`GPT2_TINY` is for
+tests.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from autoremat.zoo import _layers
 
 Params = dict[str, Any]
+
+NAMES = ("qkv_proj", "context", "out_proj", "mlpwi", "mlpwo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +46,13 @@ GPT2_TINY = GPT2Config(n_layer=4, d_model=64, n_head=4, seq_len=32, vocab=128, b
                        dtype=jnp.float32)
 
 
+def describe(c: GPT2Config) -> str:
+    """One line: layers, shapes and dtype."""
+    return (f"GPT-2-style decoder, {c.n_layer} {'scanned' if c.scan_layers else 'unrolled'} "
+            f"layers, d {c.d_model}, {c.n_head} heads, seq {c.seq_len}, batch {c.batch}, "
+            f"vocab {c.vocab}, {jnp.dtype(c.dtype).name}")
+
+
 def _layer_shapes(c: GPT2Config) -> dict[str, tuple[int, ...]]:
     d = c.d_model
     return {
@@ -48,14 +64,10 @@ def _layer_shapes(c: GPT2Config) -> dict[str, tuple[int, ...]]:
 
 def param_shapes(c: GPT2Config) -> Params:
     """The parameter pytree as ``jax.ShapeDtypeStruct`` leaves (no memory allocated)."""
-    sds = lambda shape: jax.ShapeDtypeStruct(shape, c.dtype)
-    layer = _layer_shapes(c)
-    if c.scan_layers:
-        layers: Any = {k: sds((c.n_layer, *s)) for k, s in layer.items()}
-    else:
-        layers = [{k: sds(s) for k, s in layer.items()} for _ in range(c.n_layer)]
-    return {"wte": sds((c.vocab, c.d_model)), "wpe": sds((c.seq_len, c.d_model)),
-            "lnf_g": sds((c.d_model,)), "lnf_b": sds((c.d_model,)), "layers": layers}
+    d = c.d_model
+    return _layers.as_shapes(
+        {"wte": (c.vocab, d), "wpe": (c.seq_len, d), "lnf_g": (d,), "lnf_b": (d,),
+         "layers": _layers.stacked(_layer_shapes(c), c.n_layer, c.scan_layers)}, c.dtype)
 
 
 def batch_shapes(c: GPT2Config) -> dict[str, jax.ShapeDtypeStruct]:
@@ -66,19 +78,7 @@ def batch_shapes(c: GPT2Config) -> dict[str, jax.ShapeDtypeStruct]:
 
 def init_params(c: GPT2Config, key: jax.Array) -> Params:
     """Random parameters (normal, std 0.02; LayerNorm gains 1, biases 0)."""
-    shapes = param_shapes(c)
-    leaves, tree = jax.tree.flatten_with_path(shapes)
-    keys = jax.random.split(key, len(leaves))
-
-    def init(path: Any, s: jax.ShapeDtypeStruct, k: jax.Array) -> jax.Array:
-        name = str(path[-1].key)
-        if name.endswith("_g"):
-            return jnp.ones(s.shape, s.dtype)
-        if name.startswith("b_") or name.endswith("_b"):
-            return jnp.zeros(s.shape, s.dtype)
-        return (0.02 * jax.random.normal(k, s.shape)).astype(s.dtype)
-
-    return jax.tree.unflatten(tree, [init(p, s, k) for (p, s), k in zip(leaves, keys)])
+    return _layers.init_params(param_shapes(c), key)
 
 
 def init_batch(c: GPT2Config, key: jax.Array) -> dict[str, jax.Array]:
@@ -89,45 +89,36 @@ def init_batch(c: GPT2Config, key: jax.Array) -> dict[str, jax.Array]:
             "targets": jax.random.randint(k2, shape, 0, c.vocab)}
 
 
-def _layer_norm(x: jax.Array, g: jax.Array, b: jax.Array) -> jax.Array:
-    x32 = x.astype(jnp.float32)
-    mean = x32.mean(-1, keepdims=True)
-    var = jnp.square(x32 - mean).mean(-1, keepdims=True)
-    return ((x32 - mean) * jax.lax.rsqrt(var + 1e-5)).astype(x.dtype) * g + b
-
-
 def block(p: Params, x: jax.Array, n_head: int) -> jax.Array:
     """One transformer block on activations ``x`` of shape ``(batch, seq, d)``."""
     B, T, D = x.shape
-    h = _layer_norm(x, p["ln1_g"], p["ln1_b"])
-    qkv = h @ p["w_qkv"] + p["b_qkv"]
-    q, k, v = jnp.split(qkv.reshape(B, T, 3, n_head, D // n_head), 3, axis=2)
-    q, k, v = (t[:, :, 0].transpose(0, 2, 1, 3) for t in (q, k, v))
-    scores = (q @ k.transpose(0, 1, 3, 2)) / jnp.sqrt(jnp.asarray(D // n_head, x.dtype))
-    causal_bias = jnp.where(jnp.tril(jnp.ones((T, T), bool)), 0.0, -1e9).astype(x.dtype)
-    probs = jax.nn.softmax(scores + causal_bias, axis=-1)
-    attn = (probs @ v).transpose(0, 2, 1, 3).reshape(B, T, D)
-    x = x + attn @ p["w_out"] + p["b_out"]
-    h = _layer_norm(x, p["ln2_g"], p["ln2_b"])
-    h = jax.nn.gelu(h @ p["w_fc"] + p["b_fc"])
-    return x + h @ p["w_proj"] + p["b_proj"]
+    h = _layers.layer_norm(x, p["ln1_g"], p["ln1_b"])
+    qkv = checkpoint_name(h @ p["w_qkv"] + p["b_qkv"], "qkv_proj")
+    q, k, v = jnp.split(qkv.reshape(B, T, 3 * n_head, D // n_head), 3, axis=2)
+    attn = _layers.attention(q, k, v, causal=True)
+    x = x + checkpoint_name(attn @ p["w_out"] + p["b_out"], "out_proj")
+    h = _layers.layer_norm(x, p["ln2_g"], p["ln2_b"])
+    h = jax.nn.gelu(checkpoint_name(h @ p["w_fc"] + p["b_fc"], "mlpwi"))
+    return x + checkpoint_name(h @ p["w_proj"] + p["b_proj"], "mlpwo")
 
 
-def make_loss(c: GPT2Config) -> Any:
-    """``loss(params, batch) -> scalar`` mean next-token cross-entropy."""
+def make_loss(c: GPT2Config, layer_policy: Callable | None = None) -> Callable:
+    """``loss(params, batch) -> scalar`` mean next-token cross-entropy.
+
+    Args:
+      c: the configuration.
+      layer_policy: a ``jax.checkpoint`` policy applied to every block, or None for no
+        checkpoint.
+    """
+
+    def layer(p: Params, x: jax.Array) -> jax.Array:
+        return block(p, x, c.n_head)
 
     def loss(params: Params, batch: dict[str, jax.Array]) -> jax.Array:
         tokens = batch["tokens"]
         x = params["wte"][tokens] + params["wpe"][: tokens.shape[1]]
-        if c.scan_layers:
-            x, _ = jax.lax.scan(lambda h, p: (block(p, h, c.n_head), None), x, params["layers"])
-        else:
-            for p in params["layers"]:
-                x = block(p, x, c.n_head)
-        x = _layer_norm(x, params["lnf_g"], params["lnf_b"])
-        logits = x @ params["wte"].T
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, batch["targets"][..., None], axis=-1)
-        return nll.astype(jnp.float32).mean()
+        x = _layers.run_layers(layer, params["layers"], x, c.scan_layers, layer_policy)
+        x = _layers.layer_norm(x, params["lnf_g"], params["lnf_b"])
+        return _layers.cross_entropy(x @ params["wte"].T, batch["targets"])
 
     return loss

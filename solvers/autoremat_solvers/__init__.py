@@ -6,7 +6,12 @@ Every solver has the signature ``solve(graph, budget, time_limit_s) -> SolverRes
 
 from collections.abc import Callable
 
-from autoremat_solvers import checkmate_lp_rounding, checkmate_milp
+from autoremat_solvers import (
+    checkmate_lp_rounding,
+    checkmate_milp,
+    moccasin_cpsat,
+    policy_schedule,
+)
 from autoremat_solvers.base import SolverResult, SolveStatus
 from autoremat_solvers.baselines import BASELINES
 from autoremat_solvers.graph import (
@@ -20,10 +25,13 @@ from autoremat_solvers.schedule import Schedule, SimResult, simulate
 SOLVERS: dict[str, Callable[..., SolverResult]] = {
     "checkmate_milp": checkmate_milp.solve,
     "checkmate_lp_rounding": checkmate_lp_rounding.solve,
+    "moccasin_cpsat": moccasin_cpsat.solve,
+    "jax_policy": policy_schedule.solve,
     **BASELINES,
 }
 
 __all__ = [
+    "BASELINES",
     "SOLVERS",
     "ComputeGraph",
     "Schedule",

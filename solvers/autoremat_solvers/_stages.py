@@ -1,4 +1,5 @@
-"""Building frontier-advancing schedules: stage ``t`` computes node ``t`` plus recomputations."""
+"""Building schedules: frontier-advancing ones (stage ``t`` computes node ``t`` plus
+recomputations) and conversions between schedules and plain sequences of computations."""
 
 from __future__ import annotations
 
@@ -82,3 +83,33 @@ def schedule_from_policy(graph: ComputeGraph, keep: KeepPolicy) -> Schedule:
         }
         recomputed &= resident
     return prune_storage(graph, R, S)
+
+
+def sequence_of(schedule: Schedule) -> list[int]:
+    """The computations of ``schedule`` in execution order (stage by stage, ascending within)."""
+    return [int(v) for row in schedule.R for v in np.flatnonzero(row)]
+
+
+def schedule_from_sequence(graph: ComputeGraph, sequence: Iterable[int]) -> Schedule:
+    """The schedule that runs ``sequence`` and keeps each value only until its last reader.
+
+    Stages are the maximal ascending runs of ``sequence`` (the simulator computes a stage's
+    nodes in ascending order). Every read uses the most recent computation of the value, which
+    is kept from the stage after its computation through the stage of its last such read.
+    """
+    stages: list[list[int]] = []
+    for v in sequence:
+        if not stages or v <= stages[-1][-1]:
+            stages.append([])
+        stages[-1].append(v)
+    R = np.zeros((len(stages), graph.n), dtype=bool)
+    S = np.zeros_like(R)
+    computed_in: dict[int, int] = {}  # node -> stage of its most recent computation
+    for t, stage in enumerate(stages):
+        R[t, stage] = True
+        for k in stage:
+            for p in graph.preds[k]:
+                if p in computed_in:
+                    S[computed_in[p] + 1 : t + 1, p] = True
+            computed_in[k] = t
+    return Schedule(R, S)

@@ -29,7 +29,7 @@ from autoremat_solvers.base import SolverResult, SolveStatus
 from autoremat_solvers.graph import ComputeGraph
 from autoremat_solvers.schedule import Schedule, simulate
 
-__all__ = ["checkpoint_all", "chen_greedy", "chen_sqrtn", "griewank_logn"]
+__all__ = ["checkpoint_all", "checkpoint_policy", "chen_greedy", "chen_sqrtn", "griewank_logn"]
 
 
 def _forward_nodes(graph: ComputeGraph) -> list[int]:
@@ -60,7 +60,7 @@ def _forward_use_after(graph: ComputeGraph) -> Callable[[int, int], bool]:
     return lambda t, v: any(t < j <= end for j in graph.succs[v])
 
 
-def _checkpoint_policy(graph: ComputeGraph, checkpoints: set[int]) -> KeepPolicy:
+def checkpoint_policy(graph: ComputeGraph, checkpoints: set[int]) -> KeepPolicy:
     """Chen et al.: keep checkpoints, values still needed by the forward pass, recomputed values."""
     forward_use_after = _forward_use_after(graph)
     return lambda t, v, recomputed: v in checkpoints or recomputed or forward_use_after(t, v)
@@ -86,7 +86,7 @@ def chen_sqrtn(graph: ComputeGraph, budget: float, time_limit_s: float | None = 
     candidates = _chen_candidates(graph)
     k = max(1, math.isqrt(len(candidates)))
     checkpoints = {v for i, v in enumerate(candidates) if (i + 1) % k == 0}
-    return _result(graph, budget, [schedule_from_policy(graph, _checkpoint_policy(graph, checkpoints))], start)
+    return _result(graph, budget, [schedule_from_policy(graph, checkpoint_policy(graph, checkpoints))], start)
 
 
 def _greedy_checkpoints(graph: ComputeGraph, candidates: set[int], segment_bytes: float) -> set[int]:
@@ -114,7 +114,7 @@ def chen_greedy(
     for checkpoints in sorted(checkpoint_sets, key=sorted):
         if time_limit_s is not None and time.perf_counter() - start > time_limit_s:
             break
-        schedules.append(schedule_from_policy(graph, _checkpoint_policy(graph, set(checkpoints))))
+        schedules.append(schedule_from_policy(graph, checkpoint_policy(graph, set(checkpoints))))
     return _result(graph, budget, schedules, start)
 
 

@@ -3,10 +3,12 @@
 This is the model autoremat plans with, stated over plain arrays so that it can be
 solved, checked and compared without JAX. Values belong to *regions* (one
 ``jax.checkpoint`` each) numbered in program order. The backward pass visits regions
-in reverse; at region ``i``'s backward stage the memory in use is::
+in reverse; at region ``i``'s backward and forward stages the memory in use is::
 
     base[i] + sum(held[v] * save[v] for v in regions <= i)
             + sum(transient[v] * recompute[v] for v in region i)
+    forward_base[i] + sum(held[v] * save[v] for v in regions < i)
+                    + sum(forward_held[v] * save[v] for v in region i)
 
 (the values saved so far stay until their region's backward has run; the values region
 ``i`` recomputes are live together during its backward). The plan's peak is the largest
@@ -45,6 +47,9 @@ class PolicyProblem:
       transient: bytes live during its region's backward stage if it is recomputed.
       region: region of each value, ``0..R-1`` in program order.
       base: bytes in use at each region's backward stage whatever the plan.
+      forward_base: bytes in use at each region's forward stage whatever the plan.
+      forward_held: bytes a saved value adds to its own region's forward stage (beyond
+        what ``forward_base`` already counts).
       must_cover, must_save, can_save, can_recompute: boolean masks.
       edges: ``(E, 2)`` array of ``(input, consumer)`` value indices.
     """
@@ -54,6 +59,8 @@ class PolicyProblem:
     transient: np.ndarray
     region: np.ndarray
     base: np.ndarray
+    forward_base: np.ndarray
+    forward_held: np.ndarray
     must_cover: np.ndarray
     must_save: np.ndarray
     can_save: np.ndarray
@@ -84,15 +91,21 @@ class PolicyResult:
 
 
 def stage_bytes(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray) -> np.ndarray:
-    """Bytes in use at each region's backward stage, in exact integer arithmetic."""
+    """Bytes in use at each region's backward stage, then at each forward stage, in exact
+    integer arithmetic."""
     R = problem.num_regions
     held = np.zeros(R, dtype=object)
+    own = np.zeros(R, dtype=object)
     trans = np.zeros(R, dtype=object)
     for v in np.flatnonzero(save):
         held[problem.region[v]] += int(problem.held[v])
+        own[problem.region[v]] += int(problem.forward_held[v])
     for v in np.flatnonzero(recompute):
         trans[problem.region[v]] += int(problem.transient[v])
-    return np.array([int(b) for b in problem.base], dtype=object) + np.cumsum(held) + trans
+    as_int = lambda a: np.array([int(b) for b in a], dtype=object)
+    before = np.cumsum(held) - held
+    return np.concatenate([as_int(problem.base) + before + held + trans,
+                           as_int(problem.forward_base) + before + own])
 
 
 def evaluate(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray) -> tuple[float, int]:
@@ -185,16 +198,24 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     lo.append(np.zeros(R)), hi.append(np.zeros(R))
     m += R
 
-    tri_r, tri_c = np.tril_indices(R)
-    add_rows(m + tri_r, H + tri_c, np.ones(len(tri_r)))
-    add_rows(m + problem.region, Rv + vals_idx, problem.transient / unit)
-    base = problem.base / unit
-    if budget is None:
-        add_rows(m + np.arange(R), np.full(R, P), -np.ones(R))
-        lo.append(np.full(R, -np.inf)), hi.append(-base)
-    else:
-        lo.append(np.full(R, -np.inf)), hi.append(budget / unit - base)
-    m += R
+    stages = (
+        (problem.base, np.tril_indices(R), problem.held, problem.transient),
+        (problem.forward_base, np.tril_indices(R, -1), problem.forward_held, None),
+    )
+    for stage_base, (tri_r, tri_c), own, transient in stages:
+        add_rows(m + tri_r, H + tri_c, np.ones(len(tri_r)))
+        own_held = own.astype(float) if own is not problem.held else None
+        if own_held is not None:
+            add_rows(m + problem.region, S + vals_idx, own_held / unit)
+        if transient is not None:
+            add_rows(m + problem.region, Rv + vals_idx, transient / unit)
+        base = stage_base / unit
+        if budget is None:
+            add_rows(m + np.arange(R), np.full(R, P), -np.ones(R))
+            lo.append(np.full(R, -np.inf)), hi.append(-base)
+        else:
+            lo.append(np.full(R, -np.inf)), hi.append(budget / unit - base)
+        m += R
 
     A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(m, n))

@@ -5,8 +5,11 @@ import pathlib
 
 import networkx as nx
 import pytest
-
-from autoremat_solvers import chain_training_graph, load_graph_json, random_layered_training_graph
+from autoremat_solvers import (
+    chain_training_graph,
+    load_graph_json,
+    random_layered_training_graph,
+)
 from autoremat_solvers.graph import ComputeGraph
 
 SHARED = pathlib.Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "checkmate-graphs"

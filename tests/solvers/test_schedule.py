@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from autoremat_solvers import Schedule, chain_training_graph, simulate
 from autoremat_solvers.graph import ComputeGraph
 

@@ -5,9 +5,14 @@ import math
 import pathlib
 
 import pytest
-
-from autoremat_solvers import SOLVERS, SolveStatus, chain_training_graph, load_graph_json, simulate
-from autoremat_solvers import random_layered_training_graph
+from autoremat_solvers import (
+    SOLVERS,
+    SolveStatus,
+    chain_training_graph,
+    load_graph_json,
+    random_layered_training_graph,
+    simulate,
+)
 
 SHARED = pathlib.Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "checkmate-graphs"
 GRAPHS = {

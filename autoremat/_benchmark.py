@@ -1,0 +1,264 @@
+"""Budget sweeps of a zoo model: autoremat's plans beside JAX's built-in policies.
+
+For one model and one compiler target, :func:`sweep` plans at budgets spread from the
+model's floor to the real compiler's peak without remat, and compiles every plan and
+every built-in per-layer policy (``jax.checkpoint_policies`` and, where the model names
+its tensors, MaxText's presets). Each row holds the analytic prediction and the
+compiler's figures side by side; :func:`frontier_gap` says how far each plan lies below
+the line a user gets by mixing two adjacent built-in policies across layers.
+
+Overheads are FLOPs of the gradient computation over those of the step without
+checkpoints, counted two ways: by the compiler (``cost_analysis``; it counts a scan body
+once, so it is only meaningful for unrolled models) and on the differentiated jaxpr
+(scan bodies times their length), which is the figure used for scanned models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import platform
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from autoremat import _measure, zoo
+from autoremat._budget import format_bytes
+from autoremat._cost import jaxpr_flops
+from autoremat._plan import InfeasibleBudgetError, plan
+
+BUILTIN_POLICIES: dict[str, Callable | None] = {
+    "no checkpoint": None,
+    "everything_saveable": jax.checkpoint_policies.everything_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One measured variant of the training step.
+
+    Attributes:
+      kind: ``"autoremat"``, ``"builtin"`` or ``"maxtext"``.
+      name: the budget or the policy.
+      budget_bytes: the budget asked for (autoremat rows).
+      predicted_peak_bytes, predicted_overhead: autoremat's analytic model.
+      real_peak_bytes: the compiler's peak (``None`` without a compiler).
+      compiler_overhead: FLOPs counted by the compiler, over the no-checkpoint step's.
+      program_overhead: FLOPs of the differentiated jaxpr, over the no-checkpoint step's.
+      solve_seconds, compile_seconds: wall time planning (closed loop included) and
+        compiling.
+      status: the plan's solver status, or ``"infeasible"``.
+    """
+
+    kind: str
+    name: str
+    budget_bytes: int | None = None
+    predicted_peak_bytes: int | None = None
+    predicted_overhead: float | None = None
+    real_peak_bytes: int | None = None
+    compiler_overhead: float | None = None
+    program_overhead: float | None = None
+    solve_seconds: float | None = None
+    compile_seconds: float | None = None
+    status: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """A model's sweep: rows, and what was run to make them."""
+
+    model: str
+    description: str
+    target: str | None
+    floor_bytes: int
+    rows: tuple[Row, ...]
+    versions: dict[str, str]
+
+    def overhead(self, row: Row) -> float | None:
+        """The overhead the comparison uses: the compiler's for unrolled programs, the
+        jaxpr's where a scan hides iterations from the compiler."""
+        return row.program_overhead if "scan" in self.description else row.compiler_overhead
+
+
+def versions() -> dict[str, str]:
+    """The versions that decide the numbers."""
+    out = {"python": platform.python_version()}
+    for package in ("autoremat", "jax", "jaxlib", "libtpu", "ortools"):
+        try:
+            out[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            out[package] = "not installed"
+    return out
+
+
+def budgets_between(low: int, high: int, count: int) -> list[int]:
+    """``count`` budgets from ``low`` to ``high`` inclusive, evenly spaced; rounded up to
+    whole MiB when the range spans more than 64 MiB."""
+    unit = 2**20 if high - low > 2**26 else 1
+    return [-(-int(b) // unit) * unit for b in np.linspace(low, high, count)]
+
+
+def program_flops(fn: Callable, *args: Any, argnums: int | Sequence[int] = 0) -> int:
+    """FLOPs of ``jax.grad(fn, argnums)(*args)`` counted on its jaxpr (scans times length)."""
+    return jaxpr_flops(jax.make_jaxpr(jax.grad(fn, argnums))(*args).jaxpr)
+
+
+def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: int = 8,
+          time_limit_s: float = 60.0, verify: bool = True,
+          log: Callable[[str], None] = lambda _: None) -> Sweep:
+    """Plans and measures ``model`` across budgets, beside the built-in policies.
+
+    Args:
+      model: a zoo model.
+      target: the compiler to measure with (see :data:`autoremat.TARGETS`); ``None`` for
+        the analytic model alone, budgets then spanning the floor to the model's no-remat
+        peak.
+      num_budgets: how many budgets, from the floor to the compiler's no-checkpoint peak.
+      time_limit_s: the solver's limit per plan.
+      verify: plan with the closed loop (``plan(..., verify=target)``).
+      log: called with a line per finished row.
+
+    Returns:
+      The :class:`Sweep`.
+    """
+    args = (model.param_shapes(), model.batch_shapes())
+    loss = model.make_loss()
+    argnums = _measure.float_argnums(args)
+    base_flops = program_flops(loss, *args, argnums=argnums)
+    base = None if target is None else _measure.measure_step(loss, *args, target=target,
+                                                             argnums=argnums)
+    rows: list[Row] = []
+
+    def add(row: Row, fn: Callable) -> None:
+        row = dataclasses.replace(
+            row, program_overhead=program_flops(fn, *args, argnums=argnums) / base_flops - 1)
+        if base is not None:
+            m = _measure.measure_step(fn, *args, target=target, argnums=argnums)
+            row = dataclasses.replace(row, real_peak_bytes=m.peak_bytes,
+                                      compiler_overhead=m.flops / base.flops - 1,
+                                      compile_seconds=m.compile_seconds)
+        rows.append(row)
+        log(_row_line(row))
+
+    for name, policy in BUILTIN_POLICIES.items():
+        add(Row("builtin", name), model.make_loss(policy))
+    for preset in zoo.presets_for(model):
+        if preset != "full":  # MaxText's "full" is nothing_saveable, measured above
+            add(Row("maxtext", preset), model.make_loss(zoo.preset_policy(preset, model)))
+
+    floor = floor_bytes(loss, *args)
+    top = base.peak_bytes if base is not None else plan(loss, *args, budget=1.0).peak_bytes
+    for budget in budgets_between(floor, max(top, floor), num_budgets):
+        row = Row("autoremat", format_bytes(budget), budget_bytes=budget)
+        start = time.perf_counter()
+        try:
+            p = plan(loss, *args, budget=budget, time_limit_s=time_limit_s,
+                     verify=target if verify else None)
+        except InfeasibleBudgetError:
+            rows.append(dataclasses.replace(row, status="infeasible",
+                                            solve_seconds=time.perf_counter() - start))
+            log(_row_line(rows[-1]))
+            continue
+        add(dataclasses.replace(row, predicted_peak_bytes=p.peak_bytes,
+                                predicted_overhead=p.overhead, status=p.status,
+                                solve_seconds=time.perf_counter() - start), p.apply(loss))
+    return Sweep(model.name, model.description, target, floor, tuple(rows), versions())
+
+
+def floor_bytes(fn: Callable, *args: Any) -> int:
+    """The smallest budget any plan for ``fn(*args)`` fits, under the analytic model."""
+    try:
+        plan(fn, *args, budget=1)
+    except InfeasibleBudgetError as e:
+        return e.floor_bytes
+    return 1
+
+
+def frontier_gap(sweep: Sweep, row: Row) -> float | None:
+    """How far ``row``'s overhead lies below the built-in frontier at its real peak.
+
+    The frontier is the lower convex hull of the built-in and preset points (peak,
+    overhead): between two of them a user gets the straight line by mixing the two
+    policies across layers. Above the largest built-in peak the frontier is the least
+    overhead of any built-in that fits; below the smallest it does not exist (``inf``:
+    no built-in fits). Positive means ``row`` is better.
+    """
+    overhead = sweep.overhead(row)
+    if row.real_peak_bytes is None or overhead is None:
+        return None
+    points = sorted((r.real_peak_bytes, sweep.overhead(r)) for r in sweep.rows
+                    if r.kind != "autoremat" and r.real_peak_bytes is not None)
+    hull: list[tuple[int, float]] = []
+    for p in points:  # monotone chain, lower hull, then keep its decreasing part
+        while len(hull) >= 2 and _cross(hull[-2], hull[-1], p) <= 0:
+            hull.pop()
+        hull.append(p)
+    fitting = [(x, y) for x, y in hull if x <= row.real_peak_bytes]
+    if not fitting:
+        return float("inf")
+    x0, y0 = fitting[-1]
+    later = [(x, y) for x, y in hull if x > row.real_peak_bytes]
+    best = min(y for _, y in fitting)
+    if later:
+        x1, y1 = later[0]
+        best = min(best, y0 + (y1 - y0) * (row.real_peak_bytes - x0) / (x1 - x0))
+    return best - overhead
+
+
+def _cross(o: tuple[float, float], a: tuple[float, float], b: tuple[float, float]) -> float:
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
+def _mib(x: int | None) -> str:
+    return "-" if x is None else f"{x / 2**20:.0f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def _row_line(row: Row) -> str:
+    return (f"{row.kind} {row.name}: predicted {_mib(row.predicted_peak_bytes)} MiB "
+            f"{_pct(row.predicted_overhead)}, real {_mib(row.real_peak_bytes)} MiB "
+            f"compiler {_pct(row.compiler_overhead)} program {_pct(row.program_overhead)}"
+            + (f" [{row.status}]" if row.status else ""))
+
+
+def table(sweep: Sweep) -> str:
+    """The sweep as a markdown table."""
+    lines = [
+        ("| kind | policy / budget | predicted peak MiB | real peak MiB | predicted overhead "
+        "| compiler overhead | program overhead | below built-in frontier by | solve s "
+        "| compile s | status |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sweep.rows:
+        gap = frontier_gap(sweep, r) if r.kind == "autoremat" else None
+        gap_text = "-" if gap is None else ("no built-in fits" if gap == float("inf")
+                                            else f"{gap:+.1%}")
+        secs = lambda x: "-" if x is None else f"{x:.0f}"
+        lines.append(
+            f"| {r.kind} | {r.name} | {_mib(r.predicted_peak_bytes)} | "
+            f"{_mib(r.real_peak_bytes)} | {_pct(r.predicted_overhead)} | "
+            f"{_pct(r.compiler_overhead)} | {_pct(r.program_overhead)} | {gap_text} | "
+            f"{secs(r.solve_seconds)} | {secs(r.compile_seconds)} | {r.status or '-'} |")
+    return "\n".join(lines)
+
+
+def to_json(sweep: Sweep, command: str) -> dict[str, Any]:
+    """The sweep as JSON-ready data, with the command that made it."""
+    return {"command": command, "model": sweep.model, "description": sweep.description,
+            "target": sweep.target, "floor_bytes": sweep.floor_bytes,
+            "versions": sweep.versions,
+            "rows": [{**dataclasses.asdict(r), **_gap_fields(sweep, r)} for r in sweep.rows]}
+
+
+def _gap_fields(sweep: Sweep, row: Row) -> dict[str, Any]:
+    gap = frontier_gap(sweep, row) if row.kind == "autoremat" else None
+    return {"frontier_gap": None if gap == float("inf") else gap,
+            "no_builtin_fits": gap == float("inf")}

@@ -1,0 +1,62 @@
+"""Budget sweeps: budgets, the built-in frontier, and a sweep of a tiny model."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoremat import _benchmark, zoo
+
+MIB = 2**20
+
+
+def test_budgets_span_the_range_in_whole_mib():
+    budgets = _benchmark.budgets_between(1000 * MIB + 5, 5000 * MIB, 8)
+    assert len(budgets) == 8
+    assert budgets[0] >= 1000 * MIB + 5 and budgets[-1] == 5000 * MIB
+    assert budgets == sorted(budgets) and all(b % MIB == 0 for b in budgets)
+    # Small ranges keep byte resolution.
+    assert _benchmark.budgets_between(100, 200, 3) == [100, 150, 200]
+
+
+def _sweep(*rows: _benchmark.Row) -> _benchmark.Sweep:
+    return _benchmark.Sweep("m", "unrolled", "tpu-v5e", 0, rows, {})
+
+
+def _builtin(name: str, peak_mib: int, overhead: float) -> _benchmark.Row:
+    return _benchmark.Row("builtin", name, real_peak_bytes=peak_mib * MIB,
+                          compiler_overhead=overhead)
+
+
+def _plan(peak_mib: int, overhead: float) -> _benchmark.Row:
+    return _benchmark.Row("autoremat", "b", real_peak_bytes=peak_mib * MIB,
+                          compiler_overhead=overhead)
+
+
+def test_frontier_is_the_mixing_line_between_adjacent_builtins():
+    low, mid, high = _builtin("a", 1000, 0.20), _builtin("b", 2000, 0.04), _builtin("c", 4000, 0.0)
+    off_hull = _builtin("d", 1500, 0.19)  # above the a-b line: not on the frontier
+    sweep = _sweep(low, mid, high, off_hull)
+    # Half way from a to b the mixture costs 12%.
+    assert _benchmark.frontier_gap(sweep, _plan(1500, 0.10)) == pytest.approx(0.02)
+    assert _benchmark.frontier_gap(sweep, _plan(1500, 0.15)) == pytest.approx(-0.03)
+    # Beyond the largest built-in the best fitting one counts; below the smallest, none fits.
+    assert _benchmark.frontier_gap(sweep, _plan(5000, 0.01)) == pytest.approx(-0.01)
+    assert _benchmark.frontier_gap(sweep, _plan(900, 0.5)) == float("inf")
+
+
+def test_analytic_sweep_of_a_tiny_model_predicts_the_programs_flops():
+    sweep = _benchmark.sweep(zoo.get("gpt2-small-tiny"), target=None, num_budgets=3,
+                             time_limit_s=20)
+    names = [r.name for r in sweep.rows if r.kind == "builtin"]
+    assert names == list(_benchmark.BUILTIN_POLICIES)
+    assert {r.name for r in sweep.rows if r.kind == "maxtext"} >= {"save_qkv_proj", "minimal"}
+    plans = [r for r in sweep.rows if r.kind == "autoremat"]
+    assert len(plans) == 3 and all(r.status in ("optimal", "feasible") for r in plans)
+    assert plans[0].budget_bytes == sweep.floor_bytes
+    for r in plans:
+        assert r.predicted_peak_bytes <= r.budget_bytes
+        # The plan's own FLOP count agrees with the FLOPs of the program JAX emits for it.
+        assert r.predicted_overhead == pytest.approx(r.program_overhead, abs=0.01)
+    overheads = [r.predicted_overhead for r in plans]
+    assert overheads == sorted(overheads, reverse=True) and overheads[-1] < overheads[0]
+    assert "| autoremat |" in _benchmark.table(sweep)
