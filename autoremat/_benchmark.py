@@ -119,7 +119,8 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
       target: the compiler to measure with (see :data:`autoremat.TARGETS`); ``None`` for
         the analytic model alone, budgets then spanning the floor to the model's no-remat
         peak.
-      num_budgets: how many budgets, from the floor to the compiler's no-checkpoint peak.
+      num_budgets: how many budgets, from the analytic floor plan's real peak to the
+        compiler's no-checkpoint peak (the floor plan itself is one more row).
       time_limit_s: the solver's limit per plan.
       verify: plan with the closed loop (``plan(..., verify=target)``).
       log: called with a line per finished row.
@@ -153,8 +154,14 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
             add(Row("maxtext", preset), model.make_loss(zoo.preset_policy(preset, model)))
 
     floor = floor_bytes(loss, *args)
+    lowest = plan(loss, *args, budget=floor, time_limit_s=time_limit_s)
+    add(Row("autoremat", "analytic floor", budget_bytes=floor,
+            predicted_peak_bytes=lowest.peak_bytes, predicted_overhead=lowest.overhead,
+            status=lowest.status, solve_seconds=lowest.solve_seconds), lowest.apply(loss))
+    # On the compiler, budgets run from the floor plan's real peak.
+    low = max(floor, rows[-1].real_peak_bytes or floor)
     top = base.peak_bytes if base is not None else plan(loss, *args, budget=1.0).peak_bytes
-    for budget in budgets_between(floor, max(top, floor), num_budgets):
+    for budget in budgets_between(low, max(top, low), num_budgets):
         row = Row("autoremat", format_bytes(budget), budget_bytes=budget)
         start = time.perf_counter()
         try:
@@ -250,10 +257,26 @@ def table(sweep: Sweep) -> str:
     return "\n".join(lines)
 
 
+def accuracy(sweep: Sweep) -> str:
+    """The analytic model's peak against the compiler's on the sweep's plans: mean and
+    worst error, the worst case named."""
+    pairs = [(r.name, r.predicted_peak_bytes, r.real_peak_bytes) for r in sweep.rows
+             if r.predicted_peak_bytes and r.real_peak_bytes]
+    if not pairs:
+        return "Model accuracy: no plan was compiled."
+    errors = [(pred / real - 1, name, pred, real) for name, pred, real in pairs]
+    worst = max(errors, key=lambda e: abs(e[0]))
+    mean = sum(abs(e[0]) for e in errors) / len(errors)
+    return (f"Model accuracy (predicted peak / compiler peak - 1) over {len(errors)} plans: "
+            f"mean |error| {mean:.1%}, worst {worst[0]:+.1%} at budget {worst[1]} "
+            f"(predicted {_mib(worst[2])} MiB, compiler {_mib(worst[3])} MiB).")
+
+
 def to_json(sweep: Sweep, command: str) -> dict[str, Any]:
     """The sweep as JSON-ready data, with the command that made it."""
     return {"command": command, "model": sweep.model, "description": sweep.description,
             "target": sweep.target, "floor_bytes": sweep.floor_bytes,
+            "accuracy": accuracy(sweep),
             "versions": sweep.versions,
             "rows": [{**dataclasses.asdict(r), **_gap_fields(sweep, r)} for r in sweep.rows]}
 

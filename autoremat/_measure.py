@@ -125,9 +125,11 @@ def measure_step(fn: Callable, *args: Any, target: str = "tpu-v5e",
 
 
 def float_argnums(args: Sequence[Any]) -> tuple[int, ...]:
-    """Positions of the arguments with a floating-point leaf: those a plan differentiates."""
+    """Positions of the arguments whose leaves are all floating-point: those ``jax.grad``
+    can differentiate (a batch of images and integer labels is not one of them)."""
     is_float = lambda x: jax.numpy.issubdtype(jax.numpy.result_type(x), jax.numpy.inexact)
-    return tuple(k for k, a in enumerate(args) if any(map(is_float, jax.tree.leaves(a))))
+    return tuple(k for k, a in enumerate(args)
+                 if jax.tree.leaves(a) and all(map(is_float, jax.tree.leaves(a))))
 
 
 def fits(fn: Callable, *args: Any, budget_bytes: int, target: str = "tpu-v5e",

@@ -121,6 +121,14 @@ class Plan:
         ``autoremat report``."""
         _policy_file.PolicyFile.from_plan(self).write(path)
 
+    def plot_memory(self, path: str | os.PathLike, *, title: str | None = None) -> None:
+        """Draws the modelled memory in use at each region's forward and backward stage,
+        this plan against no remat, with the budget (PNG or SVG by ``path``'s suffix;
+        needs matplotlib: ``pip install "autoremat[plots]"``)."""
+        from autoremat import _plots  # matplotlib is optional
+
+        _plots.memory_timeline(self, path, title=title)
+
 
 def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
     parsed = parse_budget(budget)
@@ -261,7 +269,7 @@ def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int
             return fn(*full, **kw)
 
         leaves, tree = jax.tree.flatten((dynamic, kwargs))
-        key = (tree, tuple((jax.numpy.shape(x), str(jax.numpy.result_type(x))) for x in leaves),
+        key = (tree, tuple(_rewrite.leaf_aval(x) for x in leaves),
                static_pos, static_vals)
         with lock:
             apply = cache.get(key)

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+from autoremat_solvers import policy as policy_model
+
+from autoremat import _solve
 from autoremat._benchmark import Sweep
+from autoremat._budget import format_bytes
+
+if TYPE_CHECKING:
+    from autoremat._plan import Plan
 
 
 def _pyplot() -> Any:
@@ -55,6 +63,78 @@ def pareto(sweep: Sweep, path: str | os.PathLike) -> None:
     ax.grid(alpha=0.3)
     ax.set_ylim(bottom=min(0, ax.get_ylim()[0]))
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def memory_stages(plan: Plan) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The modelled bytes in use at each stage of ``plan``'s gradient computation, in
+    execution order: every region's forward stage in program order, then every region's
+    backward stage in reverse (the memory model of :mod:`autoremat._solve`).
+
+    Returns:
+      ``(labels, plan_bytes, no_remat_bytes)``: a label per stage (``"F3"``, ``"B3"``;
+      a scan region's label ends in ``"×length"``) and the bytes in use under the plan
+      and under the plan that saves everything and recomputes nothing.
+    """
+    graph = plan.graph
+    problem = _solve.to_problem(graph)
+    ids = graph.array("id")
+    baseline = _solve.no_remat(graph, problem)
+
+    def timeline(saved: frozenset[int], recomputed: frozenset[int]) -> np.ndarray:
+        stages = policy_model.stage_bytes(problem, np.isin(ids, list(saved)),
+                                          np.isin(ids, list(recomputed)))
+        regions = problem.num_regions  # backward stages come first, then forward
+        return np.concatenate([stages[regions:], stages[:regions][::-1]]).astype(np.int64)
+
+    names = [f"{r.index}" + (f" ×{r.length}" if r.kind == "scan" else "")
+             for r in graph.regions]
+    labels = [f"F{n}" for n in names] + [f"B{n}" for n in reversed(names)]
+    return (labels, timeline(plan.saved, plan.recomputed),
+            timeline(baseline.saved, baseline.recomputed))
+
+
+def memory_timeline(plan: Plan, path: str | os.PathLike, *, title: str | None = None) -> None:
+    """The modelled memory in use across the forward and backward stages of every
+    region, for ``plan`` against the no-remat baseline, with the budget as a line.
+
+    Written as PNG or SVG, by ``path``'s suffix. See :func:`memory_stages` for the data.
+    """
+    plt = _pyplot()
+    labels, planned, baseline = memory_stages(plan)
+    top = max(int(baseline.max(initial=0)), int(planned.max(initial=0)), plan.budget_bytes)
+    unit, scale = next((u, s) for u, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10),
+                                           ("B", 1)) if top >= 2 * s or s == 1)
+    x = np.arange(len(labels))
+    edges = np.arange(len(labels) + 1) - 0.5
+    fig, ax = plt.subplots(figsize=(max(7.0, min(16.0, 0.3 * len(labels) + 4)), 4.8))
+    ax.stairs(baseline / scale, edges, color="tab:gray", linestyle="--", linewidth=1.5,
+              label=f"no remat (peak {format_bytes(int(baseline.max(initial=0)))})")
+    ax.stairs(planned / scale, edges, color="tab:blue", fill=True, alpha=0.15)
+    ax.stairs(planned / scale, edges, color="tab:blue", linewidth=2,
+              label=f"plan (peak {format_bytes(int(planned.max(initial=0)))})")
+    ax.axhline(plan.budget_bytes / scale, color="tab:red", linewidth=1.2,
+               label=f"budget {format_bytes(plan.budget_bytes)}")
+    forward = len(labels) // 2
+    ax.axvline(forward - 0.5, color="black", linewidth=0.8, alpha=0.5)
+    ax.text(forward - 0.6, 0.02, "forward ", transform=ax.get_xaxis_transform(),
+            ha="right", fontsize=8, alpha=0.7)
+    ax.text(forward - 0.4, 0.02, " backward", transform=ax.get_xaxis_transform(),
+            ha="left", fontsize=8, alpha=0.7)
+    stride = max(1, len(labels) // 40)
+    ax.set_xticks(x[::stride], labels[::stride], rotation=90 if len(labels) > 24 else 0,
+                  fontsize=7)
+    ax.set_xlim(-0.5, len(labels) - 0.5)
+    ax.set_ylim(0, 1.08 * top / scale)
+    ax.set_xlabel("stage of the gradient computation (F: forward, B: backward; region index)")
+    ax.set_ylabel(f"modelled bytes in use ({unit})")
+    ax.set_title(title or (f"Modelled memory over the step: plan vs no remat\n"
+                           f"{len(plan.saved)} values saved, {len(plan.recomputed)} recomputed, "
+                           f"recompute overhead {plan.overhead:.1%}"), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 import jax
+from jax._src import core as jax_core
 
 from autoremat import _program
 from autoremat._trace import fingerprint_of, segment_cuts
@@ -40,8 +41,16 @@ def flat_function(fn: Callable, args: tuple, kwargs: dict
         out, store["out_tree"] = jax.tree.flatten(fn(*a, **k))
         return out
 
-    avals = [jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x)) for x in leaves]
+    avals = [leaf_aval(x) for x in leaves]
     return flat_fn, leaves, avals, store
+
+
+def leaf_aval(x: Any) -> jax.ShapeDtypeStruct:
+    """The abstract value JAX traces the argument leaf ``x`` as, weak type included (a
+    Python scalar is weakly typed, so that ``bf16_array * 0.5`` stays bfloat16). A leaf
+    JAX cannot trace (a string, a function) raises JAX's own ``TypeError``."""
+    aval = jax_core.shaped_abstractify(x)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
 def rewrite(fn: Callable, saved: Collection[int], fingerprint: str) -> Callable:

@@ -113,6 +113,17 @@ def _residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
     return names, args, other
 
 
+def _step_flops(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
+    """FLOPs of ``fn``'s forward and backward pass without remat, counted on its jaxpr."""
+
+    def step(*args: Any) -> Any:
+        out, vjp = jax.vjp(fn, *args)
+        return vjp(jax.tree.map(lambda o: jax.numpy.ones_like(o) if _is_float(o) else
+                                np.zeros(np.shape(o), jax.dtypes.float0), out))
+
+    return jaxpr_flops(jax.make_jaxpr(step)(*avals).jaxpr)
+
+
 def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int], avals: dict,
                 free: set[int]) -> int:
     """Peak bytes live in one pass over ``eqns``, each value freed after its last read.
@@ -212,16 +223,32 @@ def _is_float(aval: Any) -> bool:
     return hasattr(aval, "dtype") and jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
 
 
-def _step_flops(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
-    """FLOPs of the forward and backward pass without remat, counted on its jaxpr."""
+def _signature(region: Segment, avals: dict) -> tuple[str, dict[int, int]]:
+    """A text equal for regions that compute the same thing on inputs of the same
+    shapes, and each value's position in it (inputs first, then outputs in order)."""
+    local = {v: k for k, v in enumerate(region.inputs)}
+    parts = [";".join(str(avals[v]) for v in region.inputs)]
 
-    def step(*args: Any) -> Any:
-        out, vjp = jax.vjp(flat_fn, *args)
-        cts = [jax.numpy.ones_like(o) if _is_float(o) else
-               np.zeros(np.shape(o), jax.dtypes.float0) for o in out]
-        return vjp(cts)
+    def atom(a: Atom) -> str:
+        if isinstance(a, int):
+            return f"%{local[a]}" if a in local else f"#{a}"
+        return f"{a.aval}={a.value!r}"
 
-    return jaxpr_flops(jax.make_jaxpr(step)(*avals).jaxpr)
+    def visit(eqns: Sequence[Eqn]) -> None:
+        for e in eqns:
+            for o in e.outs:
+                local.setdefault(o, len(local))
+            parts.append(f"{e.primitive.name}({','.join(map(atom, e.ins))})"
+                         f"{sorted(e.params.items())!r}->{','.join(str(avals[o]) for o in e.outs)}")
+            if e.scan_body is not None:
+                body = e.scan_body
+                for v in (*body.consts, *body.carry_in, *body.xs_in):
+                    local.setdefault(v, len(local))
+                visit(body.eqns)
+
+    visit(region.eqns)
+    parts.append(",".join(atom(o) for o in region.outputs))
+    return "\n".join(parts), local
 
 
 def fingerprint_of(program: Program) -> str:
@@ -241,15 +268,35 @@ class UnsupportedProgramError(ValueError):
 
 
 # Effects JAX cannot differentiate through: a clear error instead of one from deep inside.
-_NOT_DIFFERENTIABLE = frozenset({"io_callback", "pure_callback"})
+_NOT_DIFFERENTIABLE = frozenset({"pure_callback"})
+# Effects jax.checkpoint refuses in a remat region, even inside a custom_vjp.
+_NOT_RECOMPUTABLE = frozenset({"io_callback"})
 # Effects that run again whenever their region is recomputed.
 _REPEATED_ON_RECOMPUTE = frozenset({"debug_print", "debug_callback"})
+# Calls differentiated by the user's own rule.
+_CUSTOM_RULES = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+def _nested_eqns(eqns: Sequence[Any], in_rule: bool = False) -> Any:
+    """``(equation, in_rule)`` for ``eqns`` and the equations of their sub-programs (scan,
+    while and cond bodies, calls); ``in_rule``: inside a ``custom_jvp``/``custom_vjp``
+    function, which its own rule differentiates."""
+    for e in eqns:
+        yield e, in_rule
+        inner = in_rule or e.primitive.name in _CUSTOM_RULES
+        for sub in jax_core.jaxprs_in_params(e.params):
+            yield from _nested_eqns(sub.eqns, inner)
 
 
 def _check_effects(eqns: Sequence[Eqn]) -> None:
-    for e in eqns:
+    for e, in_rule in _nested_eqns(eqns):
         name = e.primitive.name
-        if name in _NOT_DIFFERENTIABLE:
+        if name in _NOT_RECOMPUTABLE:
+            raise UnsupportedProgramError(
+                f"{name} at {_source(e)} is a side effect that jax.checkpoint cannot replay "
+                "in the backward pass (even inside a jax.custom_vjp), so its step cannot be "
+                "planned; move it out of the differentiated function.")
+        if name in _NOT_DIFFERENTIABLE and not in_rule:
             raise UnsupportedProgramError(
                 f"{name} at {_source(e)} has no derivative in JAX, so its step cannot be "
                 "planned; wrap it in jax.custom_vjp, or move it out of the differentiated "
@@ -257,8 +304,6 @@ def _check_effects(eqns: Sequence[Eqn]) -> None:
         if name in _REPEATED_ON_RECOMPUTE:
             warnings.warn(f"{name} at {_source(e)} runs again when autoremat recomputes its "
                           "region in the backward pass.", stacklevel=4)
-        if e.scan_body is not None:
-            _check_effects(e.scan_body.eqns)
 
 
 def _warn_unplanned(nbytes: int, region: Segment) -> None:
@@ -287,12 +332,26 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
     region_infos = []
     needed_across: set[int] = set()
 
+    step_flops = 0
+    # Residuals by region structure: repeated layers are asked of JAX once.
+    known: dict[str, tuple[tuple[int, ...], set[int], int, int]] = {}
+
     def mark_needed(fn: Callable, input_ids: Sequence[int], region: Segment) -> set[int]:
         """Marks the values ``fn``'s VJP reads; returns the positions of inputs it reads."""
-        names, arg_pos, unplanned = _residuals(fn, _avals(input_ids, program.avals))
+        nonlocal step_flops
+        signature, local = _signature(region, program.avals)
+        if signature not in known:
+            names, arg_pos, unplanned = _residuals(fn, _avals(input_ids, program.avals))
+            needed = tuple(sorted(local[_program.value_id(n)] for n in names))
+            plain = _program.region_fn(program, region, frozenset(), None)
+            flops = _step_flops(plain, _avals(region.inputs, program.avals))
+            known[signature] = needed, arg_pos, unplanned, flops
+        needed, arg_pos, unplanned, flops = known[signature]
         _warn_unplanned(unplanned, region)
-        for name in names:
-            records[_program.value_id(name)]["needed"] = True
+        by_position = {k: v for v, k in local.items()}
+        for k in needed:
+            records[by_position[k]]["needed"] = True
+        step_flops += flops
         return arg_pos
 
     def add(vid: int, region: int, mult: int, primitive: str, source: str, flops: int,
@@ -380,7 +439,7 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
         regions=tuple(region_infos),
         arg_bytes=sum(_program.nbytes(a) for a in arg_avals),
         grad_bytes=sum(_program.nbytes(a) for a in arg_avals if _is_float(a)),
-        step_flops=_step_flops(flat_fn, avals),
+        step_flops=step_flops,
         fingerprint=fingerprint_of(program),
     )
     return program, regions, graph

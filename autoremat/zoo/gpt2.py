@@ -91,11 +91,9 @@ def init_batch(c: GPT2Config, key: jax.Array) -> dict[str, jax.Array]:
 
 def block(p: Params, x: jax.Array, n_head: int) -> jax.Array:
     """One transformer block on activations ``x`` of shape ``(batch, seq, d)``."""
-    B, T, D = x.shape
     h = _layers.layer_norm(x, p["ln1_g"], p["ln1_b"])
     qkv = checkpoint_name(h @ p["w_qkv"] + p["b_qkv"], "qkv_proj")
-    q, k, v = jnp.split(qkv.reshape(B, T, 3 * n_head, D // n_head), 3, axis=2)
-    attn = _layers.attention(q, k, v, causal=True)
+    attn = _layers.attention(*_layers.split_qkv(qkv, n_head), causal=True)
     x = x + checkpoint_name(attn @ p["w_out"] + p["b_out"], "out_proj")
     h = _layers.layer_norm(x, p["ln2_g"], p["ln2_b"])
     h = jax.nn.gelu(checkpoint_name(h @ p["w_fc"] + p["b_fc"], "mlpwi"))

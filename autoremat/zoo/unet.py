@@ -110,9 +110,8 @@ def attention_block(p: Params, x: jax.Array, groups: int, n_head: int) -> jax.Ar
     n, h, w, ch = x.shape
     t = _layers.group_norm(x, p["norm_g"], p["norm_b"], groups).reshape(n, h * w, ch)
     qkv = checkpoint_name(t @ p["w_qkv"] + p["b_qkv"], "qkv_proj")
-    q, k, v = jnp.split(qkv.reshape(n, h * w, 3 * n_head, ch // n_head), 3, axis=2)
-    out = checkpoint_name(_layers.attention(q, k, v, causal=False) @ p["w_out"] + p["b_out"],
-                          "out_proj")
+    attn = _layers.attention(*_layers.split_qkv(qkv, n_head), causal=False)
+    out = checkpoint_name(attn @ p["w_out"] + p["b_out"], "out_proj")
     return x + out.reshape(x.shape)
 
 

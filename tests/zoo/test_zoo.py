@@ -15,6 +15,7 @@ from jax._src.ad_checkpoint import saved_residuals
 
 import autoremat
 from autoremat import zoo
+from autoremat.zoo import _layers
 
 TINY = [n for n in zoo.ZOO if n.endswith("-tiny")]
 FULL = [n for n in zoo.ZOO if not n.endswith("-tiny")]
@@ -91,6 +92,17 @@ def test_presets_apply_where_the_names_are():
         zoo.preset_policy("save_qkv_proj", resnet)
     with pytest.raises(KeyError, match="known: minimal_with_context"):
         zoo.preset_policy("save_everything", mlp)
+
+
+def test_grouped_query_attention_equals_attention_over_repeated_heads():
+    q, k, v = (jax.random.normal(key, shape) for key, shape in zip(
+        jax.random.split(jax.random.key(0), 3), [(2, 8, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)],
+        strict=True))
+    for causal in (True, False):
+        repeated = _layers.attention(q, jnp.repeat(k, 4, axis=1), jnp.repeat(v, 4, axis=1),
+                                     causal)
+        np.testing.assert_allclose(_layers.attention(q, k, v, causal), repeated, rtol=1e-5,
+                                   atol=1e-6)
 
 
 @pytest.mark.parametrize("preset", sorted(zoo.MAXTEXT_PRESETS))
