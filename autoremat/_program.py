@@ -297,4 +297,7 @@ def nbytes(aval: jax_core.AbstractValue) -> int:
     dtype = getattr(aval, "dtype", None)
     if shape is None or dtype is None:
         return 0
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    # Extended dtypes (PRNG keys) are not numpy dtypes but know their size.
+    itemsize = dtype.itemsize if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else (
+        np.dtype(dtype).itemsize)
+    return int(np.prod(shape, dtype=np.int64)) * itemsize

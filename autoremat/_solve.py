@@ -31,6 +31,7 @@ a saved dot can make XLA compute the dot twice, once per layout).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 from autoremat_solvers import policy as policy_model
@@ -58,8 +59,8 @@ def to_problem(graph: Graph) -> policy_model.PolicyProblem:
     """The graph's save/recompute problem, with the memory model of the module doc."""
     index = {v.id: k for k, v in enumerate(graph.values)}
     materialized = np.array([not fusible(v.primitive) for v in graph.values], dtype=np.int64)
-    moved = np.array([moves_data(v.primitive) * v.nbytes // np.dtype(v.dtype).itemsize
-                      for v in graph.values], dtype=np.int64)
+    moved = np.array([moves_data(v.primitive) * math.prod(v.shape) for v in graph.values],
+                     dtype=np.int64)
     edges = np.array([(index[u], k) for k, v in enumerate(graph.values) for u in v.inputs],
                      dtype=np.int64).reshape(-1, 2)
     held = graph.array("multiplicity") * graph.array("nbytes")

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from autoremat_solvers import policy as policy_model
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jax._src.ad_checkpoint import saved_residuals
 
@@ -315,12 +315,38 @@ def check_program(program: Program, fraction: float) -> None:
         np.testing.assert_allclose(b, a, rtol=tol, atol=tol * float(np.max(np.abs(a), initial=1)))
 
 
+def _chain(*kinds_and_names: str) -> tuple[Op, ...]:
+    """Ops each reading the previous value (``kind`` or ``kind:name``)."""
+    ops = []
+    for i, spec in enumerate(kinds_and_names):
+        kind, _, name = spec.partition(":")
+        ops.append(Op(kind, name or kind, (i, i - 1) if kind in TWO_INPUTS else (i,), i % 2))
+    return tuple(ops)
+
+
+# Every kind and variant at least once, whatever hypothesis draws.
+EVERY_OP = Program(
+    _chain("matmul", "soft_clip", "gate", "reshape:split_rows", "reshape:split_cols",
+           "reshape:flatten", "row:mean_row", "row:max_row", "row:bias_row", "scan:custom_vjp",
+           "scan:reshape", "scan:tanh", "gather", "int_scale", "py_scale", "cond", "reduce",
+           "transpose", "unary:relu", "binary:mul", "unary:sigmoid"),
+    "bfloat16", 2, {"a": ["w0", ("stack", {"b": "k"})], "c": ("s", "w1")})
+BRANCHING = Program(
+    (Op("matmul", "matmul", (0,), 1), Op("py_scale", "py_scale", (0,)),
+     Op("gate", "gate", (1, 2)), Op("scan", "custom_vjp", (1,)), Op("int_scale", "int_scale", (2,)),
+     Op("binary", "sub", (4, 5)), Op("gather", "gather", (3,)), Op("reshape", "split_rows", (6,))),
+    "mixed", 2, ("s", ["w1", "k"], {"w": "w0", "stack": ("stack",)}))
+
+
 _SETTINGS = {"deadline": None, "derandomize": True, "database": None,
              "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
 
 
 @settings(max_examples=15, **_SETTINGS)
 @given(programs(max_ops=8), st.floats(0.0, 1.0))
+@example(EVERY_OP, 0.0)
+@example(dataclasses.replace(EVERY_OP, dtype="float32"), 0.6)
+@example(BRANCHING, 0.3)
 def test_random_programs_quick(program, fraction):
     check_program(program, fraction)
 

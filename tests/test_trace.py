@@ -100,3 +100,16 @@ def test_argument_gradients_appear_at_the_last_region_reading_them():
     assert len(grads) > 2
     assert grads == sorted(grads, reverse=True)
     assert grads[0] == g.grad_bytes and grads[-1] < g.grad_bytes
+
+
+@pytest.mark.parametrize("make_key", [jax.random.key, jax.random.PRNGKey])
+def test_random_keys_inside_the_step_are_planned(make_key):
+    def loss(w, x, key):
+        h = jnp.tanh(x @ w)
+        h = jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h / 0.9, 0)
+        return jnp.sum(jnp.tanh(h @ w) ** 2)
+
+    w, x, key = jnp.ones((64, 64)) / 64, jnp.ones((128, 64)), make_key(0)
+    plan = autoremat.plan(loss, w, x, key, budget=1.0)
+    np.testing.assert_allclose(jax.grad(plan.apply(loss))(w, x, key), jax.grad(loss)(w, x, key),
+                               rtol=1e-6)

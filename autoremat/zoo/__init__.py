@@ -1,7 +1,12 @@
 """Bundled models for planning and benchmarks, each with a small variant for tests.
 
-Full-size models use bfloat16 parameters and activations; their ``-tiny`` variants are
-float32 and run in seconds. Every model is a :class:`ZooModel` in :data:`ZOO`:
+Full-size models use bfloat16 parameters and activations: ``gpt2-small`` and
+``gpt2-small-scan`` (GPT-2 small, unrolled or scanned layers), ``llama`` (Llama-style,
+scanned), ``llama-unrolled``, ``llama-24-unrolled`` (twice as deep, for planning-time
+benchmarks), ``mlp`` (deep residual MLP), ``resnet`` (ResNet-50 layout) and ``unet``. Each
+but ``llama-24-unrolled`` has a ``-tiny`` float32 variant that runs in seconds. Every model
+is a :class:`ZooModel` in :data:`ZOO`; :data:`MAXTEXT_PRESETS` are MaxText's name-based
+remat policies, for the models whose tensors carry its names:
 
 >>> from autoremat import zoo
 >>> model = zoo.get("llama-tiny")

@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-Params = dict[str, Any]
 Block = Callable[[Any, jax.Array], jax.Array]
 
 
@@ -133,7 +132,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Arr
     scores = scores / jnp.sqrt(jnp.asarray(d, q.dtype))
     if causal:
         bias = jnp.where(jnp.tril(jnp.ones((t, s), bool)), 0.0, -1e9).astype(q.dtype)
-        scores = scores + (bias if groups == 1 else jnp.tile(bias, (groups, 1)))
+        if groups > 1:  # one copy per query head of the group (rows ordered group, seq)
+            bias = jnp.broadcast_to(bias, (groups, t, s)).reshape(groups * t, s)
+        scores = scores + bias
     probs = jax.nn.softmax(scores, axis=-1)
     out = (probs @ v).reshape(b, h, t, d).transpose(0, 2, 1, 3).reshape(b, t, h * d)
     return checkpoint_name(out, "context")

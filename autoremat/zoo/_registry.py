@@ -40,7 +40,9 @@ class ZooModel:
 
 
 def _model(name: str, module: ModuleType, config: Any) -> ZooModel:
-    """A :class:`ZooModel` from a zoo module's functions of its config."""
+    """A :class:`ZooModel` for ``config`` from a model module, which defines ``NAMES`` and
+    ``describe``, ``param_shapes``, ``batch_shapes``, ``init_params``, ``init_batch`` and
+    ``make_loss`` of a config (the last with an optional ``layer_policy``)."""
 
     def init(key: jax.Array) -> tuple[Any, Any]:
         k_params, k_batch = jax.random.split(key)

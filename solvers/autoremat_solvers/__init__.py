@@ -9,6 +9,7 @@ from collections.abc import Callable
 from autoremat_solvers import (
     checkmate_lp_rounding,
     checkmate_milp,
+    checkmate_tight,
     moccasin_cpsat,
     policy_schedule,
 )
@@ -24,6 +25,7 @@ from autoremat_solvers.schedule import Schedule, SimResult, simulate
 
 SOLVERS: dict[str, Callable[..., SolverResult]] = {
     "checkmate_milp": checkmate_milp.solve,
+    "checkmate_milp_warm": checkmate_tight.solve,
     "checkmate_lp_rounding": checkmate_lp_rounding.solve,
     "moccasin_cpsat": moccasin_cpsat.solve,
     "jax_policy": policy_schedule.solve,

@@ -8,8 +8,9 @@ each valid for *some* optimal schedule of the original model:
 - **Liveness fixing.** ``last[i] = max(i, max over consumers j of last[j])`` is the last stage
   in which computing or holding ``i`` can serve anything; ``R[t, i]`` and ``S[t, i]`` exist only
   for ``i <= t <= last[i]``. Removing useless computations and storage never raises memory, so
-  an optimal schedule stays. On training graphs a gradient dies soon after it is computed and a
-  forward value once the backward has passed it: about half of the ``(t, i)`` pairs go.
+  an optimal schedule stays. (On training graphs this fixes nothing: the chain of gradients
+  ending at the last stage keeps every node live to the end, since recomputing a gradient is
+  allowed. It only prunes dead side branches.)
 - **No double copies.** ``R[t, i] + S[t, i] <= 1`` for ``i < t`` (recomputing a kept value only
   costs).
 - **Frees as continuous upper-bounded variables.** ``FREE[t, (i, k)]`` (free ``i`` right after
@@ -298,7 +299,6 @@ def build_tight_milp(graph: ComputeGraph, budget: float, *, integer: bool = True
     rows.add(step_row[free[:, 0], free[:, 2]][has], f_cols[has], ram[free[:, 1]][has])
     if useful_rows:
         # A computed or kept value is read in the stage or kept further (i < t).
-        readers = [[] for _ in range(n)]
         rr, cc, vv = [], [], []
         row = rows.new(len(st), -np.inf, 0.0)
         for r, t, i in zip(row.tolist(), st.tolist(), si.tolist()):
@@ -314,7 +314,6 @@ def build_tight_milp(graph: ComputeGraph, budget: float, *, integer: bool = True
             rr += [r] * len(cols)
             cc += cols
             vv += vals
-        del readers
         rows.add(np.asarray(rr), np.asarray(cc), np.asarray(vv))
 
     A, row_lb, row_ub = rows.matrix(n_vars)
@@ -463,7 +462,7 @@ def solve(
     if lp_rounding:
         lp_model = dataclasses.replace(model, integer=np.zeros_like(model.integer))
         lp = _highs(lp_model, time_limit_s=time_limit_s, relative_gap=0.0, start=None, integral_costs=False,
-                    options={"solver": "ipm"}, log=log)
+                    log=log)
         info.update(lp_s=lp.wall_s, lp_bound=lp.objective, lp_status=lp.status)
         if lp.status == "Infeasible":
             return SolverResult(None, SolveStatus.INFEASIBLE, math.inf, math.inf, time.perf_counter() - t_start)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,10 +43,30 @@ _ONE_SEGMENT = pytest.mark.xfail(raises=autoremat.InfeasibleBudgetError, strict=
                                  reason="a ResNet is a single remat segment")
 
 
+# Compiling dominates these tests' time; LLVM's optimizations do not change the results.
+_FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def _compiled(fns: list, params: dict, batch: dict) -> list:
+    """``[fn(params, batch) for fn in fns]`` as one compiled function."""
+    return jax.jit(lambda p, b: [fn(p, b) for fn in fns],
+                   compiler_options=_FAST_COMPILE)(params, batch)
+
+
+class _Tiny(NamedTuple):
+    model: zoo.ZooModel
+    params: dict
+    batch: dict
+    loss: jax.Array  # without checkpoints
+    grads: dict
+
+
 @functools.cache
-def _tiny(name: str) -> tuple[zoo.ZooModel, dict, dict]:
+def _tiny(name: str) -> _Tiny:
     model = zoo.get(name)
-    return (model, *model.init(jax.random.key(0)))
+    params, batch = model.init(jax.random.key(0))
+    [(loss, grads)] = _compiled([jax.value_and_grad(model.make_loss())], params, batch)
+    return _Tiny(model, params, batch, loss, grads)
 
 
 def _name_preset(model: zoo.ZooModel) -> str | None:
@@ -98,11 +119,10 @@ def test_grouped_query_attention_equals_attention_over_repeated_heads():
     q, k, v = (jax.random.normal(key, shape) for key, shape in zip(
         jax.random.split(jax.random.key(0), 3), [(2, 8, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)],
         strict=True))
+    attention = jax.jit(_layers.attention, static_argnums=3)
     for causal in (True, False):
-        repeated = _layers.attention(q, jnp.repeat(k, 4, axis=1), jnp.repeat(v, 4, axis=1),
-                                     causal)
-        np.testing.assert_allclose(_layers.attention(q, k, v, causal), repeated, rtol=1e-5,
-                                   atol=1e-6)
+        repeated = attention(q, jnp.repeat(k, 4, axis=1), jnp.repeat(v, 4, axis=1), causal)
+        np.testing.assert_allclose(attention(q, k, v, causal), repeated, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("preset", sorted(zoo.MAXTEXT_PRESETS))
@@ -122,49 +142,46 @@ def test_preset_keeps_its_names_in_every_layer(name, preset):
 
 @pytest.mark.parametrize("name", TINY)
 def test_layer_policies_keep_loss_and_gradients(name):
-    model, params, batch = _tiny(name)
-    policies = [None, jax.checkpoint_policies.nothing_saveable,
+    tiny = _tiny(name)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(tiny.params))
+    assert np.isfinite(tiny.loss)
+    assert all(np.isfinite(g).all() for g in jax.tree.leaves(tiny.grads))
+    policies = [jax.checkpoint_policies.nothing_saveable,
                 jax.checkpoint_policies.dots_with_no_batch_dims_saveable]
-    if _name_preset(model):
-        policies.append(zoo.preset_policy(_name_preset(model), model))
-    # One compiled function for all policies: compiling dominates the time.
-    (value, grads), *others = jax.jit(lambda p, b: [
-        jax.value_and_grad(model.make_loss(policy))(p, b) for policy in policies])(params, batch)
-    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
-    assert np.isfinite(value)
-    assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
-    for v, g in others:
-        np.testing.assert_allclose(v, value, rtol=1e-6)
-        _assert_trees_close(grads, g)
+    if _name_preset(tiny.model):
+        policies.append(zoo.preset_policy(_name_preset(tiny.model), tiny.model))
+    for loss, grads in _compiled([jax.value_and_grad(tiny.model.make_loss(policy))
+                                  for policy in policies], tiny.params, tiny.batch):
+        np.testing.assert_allclose(loss, tiny.loss, rtol=1e-6)
+        _assert_trees_close(tiny.grads, grads)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_ONE_SEGMENT) if n == "resnet-tiny"
                                   else n for n in TINY])
 def test_plan_at_half_the_activations_keeps_gradients(name):
-    model, params, batch = _tiny(name)
-    loss = model.make_loss()
-    plan = autoremat.plan(loss, params, batch, budget=0.5)
+    tiny = _tiny(name)
+    loss = tiny.model.make_loss()
+    plan = autoremat.plan(loss, tiny.params, tiny.batch, budget=0.5)
     assert plan.peak_bytes <= plan.budget_bytes
     optimized = plan.apply(loss)
-    expected, actual = jax.jit(lambda p, b: [jax.grad(f)(p, b) for f in (loss, optimized)])(
-        params, batch)
-    _assert_trees_close(expected, actual)
-    assert plan.saved_bytes == _residual_bytes(optimized, (params, batch))
+    [grads] = _compiled([jax.grad(optimized)], tiny.params, tiny.batch)
+    _assert_trees_close(tiny.grads, grads)
+    assert plan.saved_bytes == _residual_bytes(optimized, (tiny.params, tiny.batch))
 
 
 @pytest.mark.parametrize("name, budget", [("llama-tiny", 0.5), ("resnet-tiny", 1.0)])
 def test_plan_replaces_the_layer_checkpoints(name, budget):
-    model, params, batch = _tiny(name)
-    checkpointed = model.make_loss(zoo.preset_policy(_name_preset(model) or "full", model))
-    plan = autoremat.plan(checkpointed, params, batch, budget=budget)
-    plain = autoremat.plan(model.make_loss(), params, batch, budget=budget)
+    tiny = _tiny(name)
+    preset = _name_preset(tiny.model) or "full"
+    checkpointed = tiny.model.make_loss(zoo.preset_policy(preset, tiny.model))
+    plan = autoremat.plan(checkpointed, tiny.params, tiny.batch, budget=budget)
+    plain = autoremat.plan(tiny.model.make_loss(), tiny.params, tiny.batch, budget=budget)
     # The same decisions: the checkpoints are inlined and re-planned. (Not the same
     # step_flops, which counts the recomputation the checkpoints would have done.)
     assert (plan.saved, plan.recomputed, plan.peak_bytes) == (
         plain.saved, plain.recomputed, plain.peak_bytes)
-    expected, actual = jax.jit(lambda p, b: [
-        jax.grad(f)(p, b) for f in (model.make_loss(), plan.apply(checkpointed))])(params, batch)
-    _assert_trees_close(expected, actual)
+    [grads] = _compiled([jax.grad(plan.apply(checkpointed))], tiny.params, tiny.batch)
+    _assert_trees_close(tiny.grads, grads)
 
 
 @pytest.mark.parametrize("name", FULL)
