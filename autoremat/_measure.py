@@ -40,6 +40,8 @@ import jax
 from jax.experimental import topologies
 from jax.sharding import SingleDeviceSharding
 
+from autoremat._rewrite import leaf_aval
+
 #: TPU targets and the topology compiled for (one device of it is used).
 TPU_TOPOLOGIES = {
     "tpu-v4": "v4:2x2x1",
@@ -174,9 +176,10 @@ def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int
     device, options = _device(target)
     options = {**options, **extra_options}
     sharding = SingleDeviceSharding(device)
+    # Weak types kept, as for the plan (autoremat._rewrite.leaf_aval): the same program.
     avals = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(jax.numpy.shape(x), jax.numpy.result_type(x),
-                                       sharding=sharding), args)
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
+                                       sharding=sharding), jax.tree.map(leaf_aval, args))
     lowered = jax.jit(jax.grad(fn, argnums)).lower(*avals)
     key = (hashlib.sha256(lowered.as_text().encode()).hexdigest(), target,
            tuple(sorted(options.items())))

@@ -225,7 +225,7 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
                                        verified_peak_bytes=peak, verify_target=verify)
         model_budget -= peak - target_bytes + _VERIFY_MARGIN
         try:
-            result = solve(model_budget)
+            result = solve(max(1, model_budget))  # not a ValueError when it drops below 0
         except InfeasibleBudgetError as e:
             floor_peak = real_peak(solve(e.floor_bytes))
             raise InfeasibleBudgetError(target_bytes, floor_peak) from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import os
 import pathlib
 import subprocess
@@ -236,3 +237,23 @@ def test_demo_malformed_budget_is_a_usage_error():
     assert result.returncode == 2
     assert "accepted" in result.stderr or "expected" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_bench_writes_table_json_and_pareto_plot(tmp_path):
+    out = tmp_path / "results"
+    result = _run("bench", "--model", "gpt2-small-tiny", "--target", "none", "--budgets", "3",
+                  "--time-limit", "20", "--out", str(out), timeout=300)
+    assert result.returncode == 0, result.stderr
+    table = (out / "gpt2-small-tiny.md").read_text()
+    assert "| builtin | nothing_saveable |" in table and "| autoremat | analytic floor |" in table
+    data = json.loads((out / "gpt2-small-tiny.json").read_text())
+    assert data["command"].startswith("autoremat bench") and data["versions"]["jax"] == "0.10.2"
+    assert sum(r["kind"] == "autoremat" for r in data["rows"]) == 4
+    png = (out / "gpt2-small-tiny.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def test_bench_unknown_model_is_a_usage_error(tmp_path):
+    result = _run("bench", "--model", "gpt5", "--out", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "gpt2-small" in result.stderr
