@@ -191,7 +191,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
     Raises:
       ValueError: the budget is malformed or not positive.
       InfeasibleBudgetError: no plan fits; the message states the smallest budget that does
-        (with ``verify``, the compiler's peak for the smallest plan the model allows).
+        (with ``verify``, the compiler's peak for the lowest plan the model allows, which is
+        returned instead when it fits).
       SolverTimeoutError: the time limit passed before any plan was found.
       BudgetNotVerifiedError: with ``verify``, no plan fit on the compiler within
         ``verify_rounds`` compiles.
@@ -210,25 +211,31 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
     solve = functools.partial(plan_flat, flat_fn, avals, time_limit_s=time_limit_s,
                               backends=backends)
-    result = solve(budget)
     if verify is None:
-        return result
+        return solve(budget)
     bound = functools.partial(fn, **kwargs)
     argnums = _measure.float_argnums(args)
     real_peak = lambda p: _measure.measure_step(p.apply(bound), *args, target=verify,
                                                 argnums=argnums).peak_bytes
-    target_bytes, model_budget = result.budget_bytes, result.budget_bytes
+    model_budget: Budget = budget
+    target_bytes = None
     for _ in range(verify_rounds):
-        peak = real_peak(result)
+        try:
+            result = solve(model_budget)
+        except InfeasibleBudgetError as e:
+            # Below the model's floor: its lowest plan may still fit on the compiler.
+            target_bytes = target_bytes or e.budget_bytes
+            result = solve(e.floor_bytes)
+            peak = real_peak(result)
+            if peak > target_bytes:
+                raise InfeasibleBudgetError(target_bytes, peak) from None
+        else:
+            target_bytes = target_bytes or result.budget_bytes
+            peak = real_peak(result)
         if peak <= target_bytes:
             return dataclasses.replace(result, budget_bytes=target_bytes,
                                        verified_peak_bytes=peak, verify_target=verify)
-        model_budget -= peak - target_bytes + _VERIFY_MARGIN
-        try:
-            result = solve(max(1, model_budget))  # not a ValueError when it drops below 0
-        except InfeasibleBudgetError as e:
-            floor_peak = real_peak(solve(e.floor_bytes))
-            raise InfeasibleBudgetError(target_bytes, floor_peak) from None
+        model_budget = max(1, result.budget_bytes - (peak - target_bytes) - _VERIFY_MARGIN)
     raise BudgetNotVerifiedError(
         f"after {verify_rounds} compiles for {verify} the step still peaks at "
         f"{format_bytes(peak)} against a budget of {format_bytes(target_bytes)}; raise "

@@ -17,8 +17,10 @@ array that is not differentiated. Gradients are taken as JAX takes them, with re
 For each program and a random budget between the floor and the no-remat peak: the
 optimized function has the original's output and gradient types (dtypes and weak types)
 and its gradients, the predicted saved bytes equal what JAX saves
-(``saved_residuals``), the plan fits its own memory model, and planning twice gives the
-same plan.
+(``saved_residuals``), the plan fits its own memory model, planning twice gives the
+same plan, and planning warns of nothing (no residual it cannot count, no primitive
+without a cost). Two fixed programs (``EVERY_OP``, ``BRANCHING``) put every op in the
+quick profile whatever hypothesis draws.
 
 The default run tries a quick profile (about a minute); ``pytest -m slow
 tests/test_fuzz.py -s`` runs 500 programs and prints the counts of programs and failures.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import traceback
+import warnings
 from typing import Any
 
 import jax
@@ -278,14 +281,19 @@ def _types(tree) -> list:
 
 def check_program(program: Program, fraction: float) -> None:
     loss, args = build(program)
-    try:
-        autoremat.plan(loss, *args, budget=1)
-        raise AssertionError("a 1-byte budget cannot be feasible")
-    except autoremat.InfeasibleBudgetError as e:
-        floor = e.floor_bytes
-    top = autoremat.plan(loss, *args, budget=1.0).no_remat_peak_bytes
-    budget = int(floor + fraction * (top - floor))
-    plan = autoremat.plan(loss, *args, budget=budget)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        try:
+            autoremat.plan(loss, *args, budget=1)
+            raise AssertionError("a 1-byte budget cannot be feasible")
+        except autoremat.InfeasibleBudgetError as e:
+            floor = e.floor_bytes
+        top = autoremat.plan(loss, *args, budget=1.0).no_remat_peak_bytes
+        budget = int(floor + fraction * (top - floor))
+        plan = autoremat.plan(loss, *args, budget=budget)
+    # No residuals JAX keeps that autoremat cannot count, no primitive without a cost.
+    assert [str(w.message) for w in record if "autoremat" in str(w.message)
+            or "JAX keeps" in str(w.message)] == []
     assert plan.peak_bytes <= budget
     assert plan == autoremat.plan(loss, *args, budget=budget)
 
@@ -303,7 +311,7 @@ def check_program(program: Program, fraction: float) -> None:
 
     # The optimized function is the same function to JAX: same output and gradient types.
     assert _types(jax.eval_shape(optimized, *args)) == _types(jax.eval_shape(loss, *args))
-    g0 = _grads(loss, args)
+    g0 = jax.jit(lambda *a: _grads(loss, a))(*args)
     g1 = jax.jit(lambda *a: _grads(optimized, a))(*args)
     assert jax.tree.structure(g0) == jax.tree.structure(g1)
     assert _types(g0) == _types(g1)
@@ -342,10 +350,9 @@ _SETTINGS = {"deadline": None, "derandomize": True, "database": None,
              "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
 
 
-@settings(max_examples=15, **_SETTINGS)
+@settings(max_examples=12, **_SETTINGS)
 @given(programs(max_ops=8), st.floats(0.0, 1.0))
 @example(EVERY_OP, 0.0)
-@example(dataclasses.replace(EVERY_OP, dtype="float32"), 0.6)
 @example(BRANCHING, 0.3)
 def test_random_programs_quick(program, fraction):
     check_program(program, fraction)

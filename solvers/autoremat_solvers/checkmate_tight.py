@@ -422,6 +422,7 @@ def solve(
     warm_start: bool = True,
     use_policy: bool = True,
     lp_rounding: bool = False,
+    useful_rows: bool = False,
     n_samples: int = 16,
     seed: int = 0,
     highs_options: dict | None = None,
@@ -439,6 +440,8 @@ def solve(
       warm_start: give the MILP the cheapest fitting heuristic schedule as a MIP start.
       use_policy: include the ``jax_policy`` adapter among the heuristics.
       lp_rounding: also solve the LP relaxation first and round it (Checkmate's rounding).
+      useful_rows: add ``R[t, i] + S[t, i] <= readers of i in stage t + S[t+1, i]`` (valid: a
+        value computed or kept without use can be dropped).
       n_samples, seed: randomized roundings of the LP solution.
       highs_options: extra HiGHS options.
       log: print HiGHS's log.
@@ -453,7 +456,7 @@ def solve(
     if budget < graph.memory_floor():
         return SolverResult.below_floor(time.perf_counter() - t_start)
     integral_costs = all(float(c).is_integer() for c in graph.cost)
-    model = build_tight_milp(graph, budget)
+    model = build_tight_milp(graph, budget, useful_rows=useful_rows)
     info.update(n_vars=len(model.c), n_int=int(model.integer.sum()), n_rows=model.A.shape[0], nnz=model.A.nnz,
                 build_s=time.perf_counter() - t_start)
     deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s

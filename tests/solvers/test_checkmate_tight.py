@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from autoremat_solvers import (
     BASELINES,
-    ComputeGraph,
     SOLVERS,
+    ComputeGraph,
     SolveStatus,
     chain_training_graph,
     checkmate_tight,
@@ -38,7 +38,7 @@ def test_same_optimum_as_plain_milp(g, frac):
     budget = _budget(g, frac)
     plain = SOLVERS["checkmate_milp"](g, budget, TIME_LIMIT_S)
     assert plain.status is SolveStatus.OPTIMAL
-    for kwargs in ({}, {"warm_start": False}, {"lp_rounding": True}):
+    for kwargs in ({}, {"warm_start": False}, {"lp_rounding": True}, {"useful_rows": True}):
         res = checkmate_tight.solve(g, budget, TIME_LIMIT_S, **kwargs)
         assert res.status is SolveStatus.OPTIMAL, kwargs
         sim = simulate(g, res.schedule, budget)

@@ -34,15 +34,6 @@ FULL_SIZES = {
     "unet": (8_837_832, 4.6),
 }
 
-# The committed segmenter (autoremat._trace.segment_cuts) cuts unrolled code where the
-# bytes crossing are near the least crossing in the middle of the program; a CNN's pooled
-# head crosses far fewer bytes than any block boundary, so a ResNet is one segment.
-# Whether half the activations is then feasible depends on how the memory model counts
-# values recomputed within a segment (all live at once, or fused into their consumers).
-_ONE_SEGMENT = pytest.mark.xfail(raises=autoremat.InfeasibleBudgetError, strict=False,
-                                 reason="a ResNet is a single remat segment")
-
-
 # Compiling dominates these tests' time; LLVM's optimizations do not change the results.
 _FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
@@ -156,8 +147,7 @@ def test_layer_policies_keep_loss_and_gradients(name):
         _assert_trees_close(tiny.grads, grads)
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_ONE_SEGMENT) if n == "resnet-tiny"
-                                  else n for n in TINY])
+@pytest.mark.parametrize("name", TINY)
 def test_plan_at_half_the_activations_keeps_gradients(name):
     tiny = _tiny(name)
     loss = tiny.model.make_loss()
