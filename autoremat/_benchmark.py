@@ -28,7 +28,7 @@ import numpy as np
 from autoremat import _measure, zoo
 from autoremat._budget import format_bytes
 from autoremat._cost import jaxpr_flops
-from autoremat._plan import InfeasibleBudgetError, plan
+from autoremat._plan import BudgetNotVerifiedError, InfeasibleBudgetError, plan
 
 BUILTIN_POLICIES: dict[str, Callable | None] = {
     "no checkpoint": None,
@@ -167,8 +167,9 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         try:
             p = plan(loss, *args, budget=budget, time_limit_s=time_limit_s,
                      verify=target if verify else None)
-        except InfeasibleBudgetError:
-            rows.append(dataclasses.replace(row, status="infeasible",
+        except (InfeasibleBudgetError, BudgetNotVerifiedError) as e:
+            status = "infeasible" if isinstance(e, InfeasibleBudgetError) else "not verified"
+            rows.append(dataclasses.replace(row, status=status,
                                             solve_seconds=time.perf_counter() - start))
             log(_row_line(rows[-1]))
             continue

@@ -145,15 +145,19 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     problem = _solve.to_problem(graph)
     baseline = _solve.no_remat(graph, problem)
     budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
-    result = policy_model.solve(problem, budget_bytes, time_limit_s=time_limit_s,
-                                backends=backends)
-    if result.status is MilpStatus.INFEASIBLE:
-        raise InfeasibleBudgetError(budget_bytes, result.peak)
-    if result.status is MilpStatus.NO_SOLUTION:
-        raise SolverTimeoutError(
-            f"the solver found no plan within {time_limit_s} s for a budget of "
-            f"{format_bytes(budget_bytes)}; raise time_limit_s or the budget.")
-    d = _solve.decisions(graph, problem, result)
+    if budget_bytes >= baseline.peak_bytes:
+        # Saving everything fits, and recomputes nothing that can be saved: optimal.
+        d = baseline
+    else:
+        result = policy_model.solve(problem, budget_bytes, time_limit_s=time_limit_s,
+                                    backends=backends)
+        if result.status is MilpStatus.INFEASIBLE:
+            raise InfeasibleBudgetError(budget_bytes, result.peak)
+        if result.status is MilpStatus.NO_SOLUTION:
+            raise SolverTimeoutError(
+                f"the solver found no plan within {time_limit_s} s for a budget of "
+                f"{format_bytes(budget_bytes)}; raise time_limit_s or the budget.")
+        d = _solve.decisions(graph, problem, result)
     return Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=budget_bytes,
                 peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
                 recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
@@ -219,7 +223,7 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
                                                 argnums=argnums).peak_bytes
     model_budget: Budget = budget
     target_bytes = None
-    for _ in range(verify_rounds):
+    for attempt in range(1, verify_rounds + 1):
         try:
             result = solve(model_budget)
         except InfeasibleBudgetError as e:
@@ -235,7 +239,9 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         if peak <= target_bytes:
             return dataclasses.replace(result, budget_bytes=target_bytes,
                                        verified_peak_bytes=peak, verify_target=verify)
-        model_budget = max(1, result.budget_bytes - (peak - target_bytes) - _VERIFY_MARGIN)
+        # Lowered by the excess, more each round: the compiler's peak moves in steps.
+        model_budget = max(1, result.budget_bytes - attempt * (peak - target_bytes)
+                           - _VERIFY_MARGIN)
     raise BudgetNotVerifiedError(
         f"after {verify_rounds} compiles for {verify} the step still peaks at "
         f"{format_bytes(peak)} against a budget of {format_bytes(target_bytes)}; raise "
