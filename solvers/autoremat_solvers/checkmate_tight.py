@@ -47,6 +47,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from autoremat_solvers import checkmate_milp
 from autoremat_solvers._stages import schedule_from_storage
 from autoremat_solvers.base import SolverResult, SolveStatus
 from autoremat_solvers.graph import ComputeGraph
@@ -94,41 +95,24 @@ def canonical_schedule(graph: ComputeGraph, schedule: Schedule) -> Schedule | No
     return Schedule(R, S)
 
 
-class _Rows:
-    """Accumulates COO triplets and row bounds."""
+class _Rows(checkmate_milp._Rows):
+    """:class:`checkmate_milp._Rows` that hands out row indices, refuses columns of
+    fixed-out variables, and merges duplicate entries."""
 
-    def __init__(self) -> None:
-        self.rows: list[np.ndarray] = []
-        self.cols: list[np.ndarray] = []
-        self.vals: list[np.ndarray] = []
-        self.lb: list[np.ndarray] = []
-        self.ub: list[np.ndarray] = []
-        self.count = 0
-
-    def new(self, k: int, lb, ub) -> np.ndarray:
+    def new(self, k: int, lb: np.ndarray | float, ub: np.ndarray | float) -> np.ndarray:
         """Reserves ``k`` rows; returns their indices."""
-        first = self.count
-        self.count += k
-        self.lb.append(np.broadcast_to(np.asarray(lb, dtype=float), (k,)))
-        self.ub.append(np.broadcast_to(np.asarray(ub, dtype=float), (k,)))
-        return first + np.arange(k)
+        return super().new(k, lb, ub) + np.arange(k)
 
-    def add(self, rows, cols, vals) -> None:
-        rows = np.asarray(rows, dtype=np.int64)
+    def add(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray | float) -> None:
         cols = np.asarray(cols, dtype=np.int64)
         if (cols < 0).any():
             raise AssertionError("reference to a fixed-out variable")
-        self.rows.append(rows)
-        self.cols.append(cols)
-        self.vals.append(np.broadcast_to(np.asarray(vals, dtype=float), rows.shape))
+        super().add(np.asarray(rows, dtype=np.int64), cols, vals)
 
     def matrix(self, n_vars: int) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
-        A = sp.csr_matrix(
-            (np.concatenate(self.vals), (np.concatenate(self.rows), np.concatenate(self.cols))),
-            shape=(self.count, n_vars),
-        )
+        A, lb, ub = super().matrix(n_vars)
         A.sum_duplicates()
-        return A, np.concatenate(self.lb), np.concatenate(self.ub)
+        return A, lb, ub
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
