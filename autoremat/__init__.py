@@ -10,6 +10,7 @@ from autoremat._measure import CompilerUnavailableError as CompilerUnavailableEr
 from autoremat._measure import Measurement as Measurement
 from autoremat._measure import fits as fits
 from autoremat._measure import measure_step as measure_step
+from autoremat._offload import OffloadConfig as OffloadConfig
 from autoremat._plan import BudgetNotVerifiedError as BudgetNotVerifiedError
 from autoremat._plan import InfeasibleBudgetError as InfeasibleBudgetError
 from autoremat._plan import Plan as Plan
@@ -29,6 +30,7 @@ __all__ = [
     "CompilerUnavailableError",
     "InfeasibleBudgetError",
     "Measurement",
+    "OffloadConfig",
     "Plan",
     "PlanMismatchError",
     "PolicyFile",

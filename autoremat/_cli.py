@@ -6,18 +6,22 @@ import contextlib
 import dataclasses
 import importlib
 import inspect
-import itertools
 import json
+import math
 import os
 import pathlib
 import shlex
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TextIO
 
 import click
+import rich.console
+import rich.live
+import rich.spinner
+import rich.text
+from autoremat_solvers.milp import Progress
 
 import autoremat
 from autoremat import zoo
@@ -27,6 +31,8 @@ from autoremat._report import format_report
 
 _BUDGET_HELP = ("Peak bytes of the training step: '8GiB', 8000000000, or 0.4 (fraction of "
                 "the no-remat activation memory).")
+_PROGRESS_HELP = ("Show the solver's best plan, bound and gap while it runs: on a terminal by "
+                  "default, as lines of text elsewhere with --progress.")
 # Errors of planning itself (not of the arguments): exit 1 with the message.
 _PLAN_ERRORS = (autoremat.InfeasibleBudgetError, autoremat.SolverTimeoutError,
                 autoremat.UnsupportedProgramError)
@@ -118,46 +124,84 @@ def _not_loss_and_args(made: object) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _progress(label: str, stream: TextIO | None = None) -> Iterator[None]:
-    """Shows ``label`` while the block runs: on a terminal with a spinner and the elapsed
-    seconds (erased at the end), elsewhere once.
+# Seconds between two lines of progress when it is written to a file, unless the best plan
+# improved.
+_PROGRESS_LINE_S = 5.0
 
-    Tracing runs in Python and the solver releases the GIL, so the spinner keeps turning
-    through both.
+
+@contextlib.contextmanager
+def _progress(label: str, stream: TextIO | None = None, show: bool | None = None
+              ) -> Iterator[Progress | None]:
+    """Shows ``label`` while the block runs and yields where to send the solver's progress
+    (``autoremat.plan``'s ``progress``), or ``None`` when it is not shown.
+
+    On a terminal: a spinner, the elapsed time and the solver's best plan, bound and gap,
+    erased at the end. Elsewhere: the label once, then, when ``show`` is true, a line for
+    each better plan and every few seconds. ``show=False`` prints the label once whatever
+    the stream. Tracing runs in Python and the solver releases the GIL, so the spinner
+    keeps turning through both.
     """
     stream = stream or click.get_text_stream("stderr")
-    if not stream.isatty():
+    if show is False or not stream.isatty():
         click.echo(f"{label} ...", file=stream)
-        yield
+        yield _progress_lines(stream) if show else None
         return
-    done = threading.Event()
+    spinner = rich.spinner.Spinner("dots")
     start = time.perf_counter()
+    figures = ""
 
-    def spin() -> None:
-        for frame in itertools.cycle("|/-\\"):
-            click.echo(f"\r{frame} {label} {time.perf_counter() - start:.0f} s", file=stream,
-                       nl=False)
-            if done.wait(0.2):
-                break
-        click.echo("\r\033[K", file=stream, nl=False)
+    def line() -> rich.text.Text:  # one line, cut at the terminal's width
+        now = time.perf_counter()
+        return rich.text.Text.assemble(spinner.render(now), f" {label} {now - start:.0f} s",
+                                       f"  {figures}" if figures else "", no_wrap=True,
+                                       overflow="ellipsis")
 
-    thread = threading.Thread(target=spin, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+    def show(elapsed: float, best: float, bound: float) -> None:
+        nonlocal figures
+        figures = _figures(best, bound)
+
+    console = rich.console.Console(file=stream, force_terminal=True)
+    with rich.live.Live(get_renderable=line, console=console, transient=True,
+                        redirect_stdout=False):
+        yield show
+
+
+def _progress_lines(stream: TextIO) -> Progress:
+    """Progress as lines of text: at each better plan, else at most every few seconds."""
+    last_best, last_time = math.inf, -math.inf
+
+    def show(elapsed: float, best: float, bound: float) -> None:
+        nonlocal last_best, last_time
+        if best < last_best or elapsed - last_time >= _PROGRESS_LINE_S:
+            click.echo(f"  {elapsed:.0f} s: {_figures(best, bound)}", file=stream)
+            last_best, last_time = best, elapsed
+
+    return show
+
+
+def _figures(best: float, bound: float) -> str:
+    """The solver's best plan, bound and gap, in recomputed FLOPs."""
+    if not math.isfinite(bound):
+        return f"best {_flops(best)}, no bound yet"
+    gap = (best - bound) / best if best > 0 else 0.0
+    return f"best {_flops(best)}, bound {_flops(bound)}, gap {gap:.2%}"
+
+
+def _flops(n: float) -> str:
+    prefixes = ("", "k", "M", "G", "T", "P", "E")
+    k = min(len(prefixes) - 1, max(0, int(math.log10(max(abs(n), 1))) // 3))
+    return f"{n / 1000 ** k:.4g} {prefixes[k]}FLOP"
 
 
 def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float,
-                     rows: int) -> autoremat.Plan:
+                     rows: int, show_progress: bool | None) -> autoremat.Plan:
     """Plans with a progress display, prints the report, and returns the plan."""
     start = time.perf_counter()
-    with _progress(f"planning (solver time limit {time_limit:g} s)"):
+    with _progress(f"planning (solver time limit {time_limit:g} s)",
+                   show=show_progress) as progress:
         try:
-            plan = autoremat.plan(fn, *args, budget=budget, time_limit_s=time_limit)
+            plan = autoremat.plan(fn, *args, budget=budget, time_limit_s=time_limit,
+                                  progress=progress)
         except _PLAN_ERRORS as e:
             raise click.ClickException(str(e)) from None
     click.echo(plan.report(max_rows=rows))
@@ -183,10 +227,15 @@ def main() -> None:
               required=True, help="The policy file to write (JSON).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0,
               show_default=True, help="Solver time limit in seconds.")
+@click.option("--maxtext", type=click.Path(dir_okay=False, writable=True, path_type=pathlib.Path),
+              help="Also write the plan as MaxText's remat configuration (YAML, "
+                   "remat_policy: custom): a choice per checkpoint_name of the function.")
 @click.option("--rows", type=click.IntRange(min=0), default=25, show_default=True,
               help="Decision rows to print.")
+@click.option("--progress/--no-progress", "show_progress", default=None, help=_PROGRESS_HELP)
 def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
-                 budget: float, out: pathlib.Path, time_limit: float, rows: int) -> None:
+                 budget: float, out: pathlib.Path, maxtext: pathlib.Path | None,
+                 time_limit: float, rows: int, show_progress: bool | None) -> None:
     """Plan remat for a function under a budget, write the policy file, print the report.
 
     FUNCTION is MODULE:NAME, imported with the working directory on the module path. With
@@ -197,15 +246,16 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
     \b
     autoremat plan train:loss --args train:example_args --budget 8GiB --out policy.json
     autoremat plan train:make_loss_and_args --budget 0.4 --out policy.json
-    autoremat plan --model gpt2-small --budget 3GiB --out policy.json
+    autoremat plan --model gpt2-small --budget 3GiB --out policy.json --maxtext remat.yml
     """
     if (function is None) == (model is None):
         raise click.UsageError("give FUNCTION (MODULE:NAME) or --model NAME, one of the two.")
     if make_args is not None and model is not None:
         raise click.UsageError("--args goes with FUNCTION; a --model brings its own arguments.")
-    if not out.parent.is_dir():
-        raise click.BadParameter(f"directory '{out.parent}' does not exist.",
-                                 param_hint="'--out'")
+    for path, option in ((out, "'--out'"), (maxtext, "'--maxtext'")):
+        if path is not None and not path.parent.is_dir():
+            raise click.BadParameter(f"directory '{path.parent}' does not exist.",
+                                     param_hint=option)
     if model is not None:
         entry = zoo.get(model)
         click.echo(f"{entry.name}: {entry.description}")
@@ -231,12 +281,28 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
             raise click.BadParameter(f"without --args it must return (loss, args), args a "
                                      f"tuple; {problem}.", param_hint="'[FUNCTION]'")
         fn, args = made
-    plan = _plan_and_report(fn, args, budget, time_limit, rows)
+    plan = _plan_and_report(fn, args, budget, time_limit, rows, show_progress)
     try:
         plan.save(out)
     except OSError as e:
         raise click.ClickException(f"cannot write the policy file '{out}': {e.strerror}.") from None
     click.echo(f"wrote {out}")
+    if maxtext is not None:
+        _write_maxtext(plan, maxtext)
+
+
+def _write_maxtext(plan: autoremat.Plan, path: pathlib.Path) -> None:
+    """Writes the MaxText configuration and says which names it could not state exactly."""
+    try:
+        plan.save_maxtext(path)
+    except ValueError as e:
+        raise click.ClickException(f"no MaxText configuration written: {e}.") from None
+    except OSError as e:
+        raise click.ClickException(f"cannot write '{path}': {e.strerror}.") from None
+    mixed = [name for name, choice in plan.maxtext_config().items() if choice == "mixed"]
+    note = (f"; {', '.join(mixed)}: treated differently in different layers, which MaxText "
+            "cannot express, written as remat" if mixed else "")
+    click.echo(f"wrote {path} (MaxText remat_policy: custom{note})")
 
 
 @main.command("report")
@@ -262,7 +328,9 @@ def report_command(file: PolicyFile, rows: int) -> None:
               show_default=True, help="Solver time limit in seconds.")
 @click.option("--rows", type=click.IntRange(min=0), default=25, show_default=True,
               help="Decision rows to print.")
-def demo(budget: float, scan: bool, time_limit: float, rows: int) -> None:
+@click.option("--progress/--no-progress", "show_progress", default=None, help=_PROGRESS_HELP)
+def demo(budget: float, scan: bool, time_limit: float, rows: int,
+         show_progress: bool | None) -> None:
     """Plan remat for the bundled GPT-2-small-style model and print the report.
 
     The model is traced from shapes only (12 layers, d 768, 12 heads, seq 1024, batch 8,
@@ -274,7 +342,7 @@ def demo(budget: float, scan: bool, time_limit: float, rows: int) -> None:
     click.echo(f"GPT-2-small-style, {'scanned' if scan else 'unrolled'} layers: {config}")
     _plan_and_report(gpt2.make_loss(config), (gpt2.param_shapes(config),
                                               gpt2.batch_shapes(config)),
-                     budget, time_limit, rows)
+                     budget, time_limit, rows, show_progress)
 
 
 @main.command()

@@ -28,6 +28,9 @@ class Value:
       recomputable: whether it can be recomputed inside its region's backward pass.
       needed: the backward pass of its own region reads it (it must be saved or recomputed).
       needed_across: another region reads it, so it must be saved.
+      user_name: the name the user's code gave it with
+        :func:`jax.ad_checkpoint.checkpoint_name` (it is then that ``name`` equation's
+        output), or ``None``.
     """
 
     id: int
@@ -44,6 +47,7 @@ class Value:
     recomputable: bool
     needed: bool
     needed_across: bool
+    user_name: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +86,8 @@ class Graph:
       step_flops: FLOPs of the forward plus backward pass without remat.
       fingerprint: a digest of the program's structure, to check a plan is applied to
         the function it was made for.
+      cuts: the placement: indices of the top-level equations that start a new region of
+        unrolled code (scans are regions of their own).
     """
 
     values: tuple[Value, ...]
@@ -90,6 +96,7 @@ class Graph:
     grad_bytes: int
     step_flops: int
     fingerprint: str
+    cuts: tuple[int, ...]
 
     def array(self, field: str, dtype: type = np.int64) -> np.ndarray:
         """One field of every value as a numpy array, in ``values`` order."""

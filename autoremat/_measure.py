@@ -92,6 +92,8 @@ class Measurement:
         whatever its length: for scanned programs, count FLOPs from the program instead.
       compile_seconds: time to lower and compile the step, for the compile that produced
         this measurement (repeated measurements of the same program are cached).
+      host_temp_bytes: temporaries the compiler placed in host memory (residuals a plan
+        offloads, see :class:`autoremat.OffloadConfig`); not part of ``peak_bytes``.
     """
 
     target: str
@@ -101,6 +103,7 @@ class Measurement:
     output_bytes: int
     flops: float
     compile_seconds: float
+    host_temp_bytes: int = 0
 
 
 def measure_step(fn: Callable, *args: Any, target: str = "tpu-v5e",
@@ -198,7 +201,8 @@ def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int
         argument_bytes=int(memory.argument_size_in_bytes),
         output_bytes=int(memory.output_size_in_bytes),
         flops=float(compiled.cost_analysis().get("flops", float("nan"))),
-        compile_seconds=time.perf_counter() - start)
+        compile_seconds=time.perf_counter() - start,
+        host_temp_bytes=int(getattr(memory, "host_temp_size_in_bytes", 0)))
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dataclasses.asdict(_cache[key])))

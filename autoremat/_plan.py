@@ -11,9 +11,10 @@ from typing import Any
 
 import jax
 from autoremat_solvers import policy as policy_model
-from autoremat_solvers.milp import MilpStatus
+from autoremat_solvers.milp import MilpStatus, Progress
 
 from autoremat import (
+    _maxtext,
     _measure,
     _policy_file,
     _program,
@@ -24,6 +25,7 @@ from autoremat import (
 )
 from autoremat._budget import Budget, format_bytes, parse_budget
 from autoremat._graph import Graph
+from autoremat._offload import OffloadConfig, offload_problem
 
 
 class InfeasibleBudgetError(ValueError):
@@ -67,11 +69,17 @@ class Plan:
       status: ``"optimal"``, or ``"feasible"`` when the time limit stopped the solver
         (see ``gap``).
       gap: relative gap between the plan's recompute cost and the solver's lower bound.
+      cuts: the placement: indices of the top-level equations of the traced program that
+        start a new remat region (see :func:`autoremat._trace.placements`).
       solve_seconds: time spent in the solver.
       verified_peak_bytes: the real compiler's peak for the step, when the plan was made
         with ``verify`` (``None`` otherwise).
       verify_target: the target it was compiled for (``None`` without ``verify``).
       graph: the traced value graph (not part of equality or hashing).
+      offloaded: ids of the values offloaded to host memory (planned with ``offload``).
+      offloaded_bytes: host bytes the offloaded values take.
+      offload_flops: the modelled cost of their transfers, as FLOPs at the target's peak
+        rate (see :class:`autoremat.OffloadConfig`).
     """
 
     saved: frozenset[int]
@@ -84,15 +92,25 @@ class Plan:
     no_remat_peak_bytes: int
     status: str
     gap: float
+    cuts: tuple[int, ...]
     solve_seconds: float = dataclasses.field(compare=False)
     graph: Graph = dataclasses.field(compare=False, repr=False)
     verified_peak_bytes: int | None = None
     verify_target: str | None = None
+    offloaded: frozenset[int] = frozenset()
+    offloaded_bytes: int = 0
+    offload_flops: int = 0
 
     @property
     def overhead(self) -> float:
         """Recomputed FLOPs over the FLOPs of the step without remat."""
         return self.recompute_flops / max(1, self.step_flops)
+
+    @property
+    def modeled_overhead(self) -> float:
+        """Recomputed FLOPs plus the offload cost (``offload_flops``) over the FLOPs of the
+        step without remat: the modelled step-time overhead."""
+        return (self.recompute_flops + self.offload_flops) / max(1, self.step_flops)
 
     @property
     def policy(self) -> Callable:
@@ -101,7 +119,7 @@ class Plan:
         It acts on the names :meth:`apply` places; use it with functions made by
         :meth:`apply`, never around them (the outer checkpoint policy would win).
         """
-        return _program.policy_for(self.saved)
+        return _program.policy_for(self.saved, self.offloaded)
 
     def apply(self, fn: Callable) -> Callable:
         """``fn`` rewritten to follow this plan (same signature, outputs and gradients).
@@ -110,7 +128,8 @@ class Plan:
           PlanMismatchError: when called with arguments whose program differs from the one
             the plan was made for.
         """
-        return _rewrite.rewrite(fn, self.saved, self.graph.fingerprint)
+        return _rewrite.rewrite(fn, self.saved, self.graph.fingerprint, self.cuts,
+                                self.offloaded)
 
     def report(self, max_rows: int = 40) -> str:
         """A readable table of the plan's decisions, largest first, with its totals."""
@@ -118,7 +137,15 @@ class Plan:
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes the plan to a policy file (JSON), for :func:`load_plan` and
-        ``autoremat report``."""
+        ``autoremat report``.
+
+        Raises:
+          NotImplementedError: the plan offloads values (policy files do not store offload
+            decisions yet).
+        """
+        if self.offloaded:
+            raise NotImplementedError("policy files do not store offload decisions yet; "
+                                      "keep the plan object or plan again with offload")
         _policy_file.PolicyFile.from_plan(self).write(path)
 
     def plot_memory(self, path: str | os.PathLike, *, title: str | None = None) -> None:
@@ -129,6 +156,35 @@ class Plan:
 
         _plots.memory_timeline(self, path, title=title)
 
+    def maxtext_config(self) -> dict[str, str]:
+        """What the plan does with each name the user's code gives tensors
+        (:func:`jax.ad_checkpoint.checkpoint_name`), as MaxText's ``remat_policy: custom``
+        states it: ``"device"``, ``"offload"`` or ``"remat"``, or ``"mixed"`` when the plan
+        treats the name's tensors differently in different layers (see
+        :mod:`autoremat._maxtext`)."""
+        return _maxtext.config(self)
+
+    def save_maxtext(self, path: str | os.PathLike) -> None:
+        """Writes :meth:`maxtext_config` as a MaxText configuration (YAML with
+        ``remat_policy: custom``); ``"mixed"`` names are written as ``remat``, with a comment.
+
+        Raises:
+          ValueError: no tensor of the function carries a name.
+        """
+        _maxtext.write(self, path)
+
+    @property
+    def name_policy(self) -> Callable:
+        """The ``jax.checkpoint`` policy over the user's own names that
+        :meth:`maxtext_config` states: ``save_only_these_names`` of its ``"device"`` names
+        (and ``save_and_offload_only_these_names`` when some are ``"offload"``).
+
+        Use it around the user's layers instead of :meth:`apply`. It keeps what the plan
+        keeps when the plan keeps named tensors only and treats each name alike in every
+        layer; otherwise it approximates the plan.
+        """
+        return _maxtext.name_policy(self)
+
 
 def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
     parsed = parse_budget(budget)
@@ -138,36 +194,68 @@ def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
 
 
 def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: Budget, *,
-              time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP")
+              time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
+              offload: OffloadConfig | None = None, progress: Progress | None = None
               ) -> Plan:
-    """:func:`plan` for a function of flat array arguments returning a flat list."""
-    _, _, graph = _trace.trace(flat_fn, avals)
-    problem = _solve.to_problem(graph)
-    baseline = _solve.no_remat(graph, problem)
-    budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
-    if budget_bytes >= baseline.peak_bytes:
-        # Saving everything fits, and recomputes nothing that can be saved: optimal.
-        d = baseline
-    else:
-        result = policy_model.solve(problem, budget_bytes, time_limit_s=time_limit_s,
-                                    backends=backends)
-        if result.status is MilpStatus.INFEASIBLE:
-            raise InfeasibleBudgetError(budget_bytes, result.peak)
-        if result.status is MilpStatus.NO_SOLUTION:
-            raise SolverTimeoutError(
-                f"the solver found no plan within {time_limit_s} s for a budget of "
-                f"{format_bytes(budget_bytes)}; raise time_limit_s or the budget.")
-        d = _solve.decisions(graph, problem, result)
-    return Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=budget_bytes,
-                peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
-                recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
-                no_remat_peak_bytes=baseline.peak_bytes, status=d.status, gap=d.gap,
-                solve_seconds=d.solve_seconds, graph=graph)
+    """:func:`plan` for a function of flat array arguments returning a flat list.
+
+    Each candidate placement of region boundaries (:func:`autoremat._trace.placements`)
+    is solved with an equal share of ``time_limit_s``; the plan that recomputes least
+    (then the lower peak, then the finer placement) is returned.
+    """
+    program = _trace.trace_program(flat_fn, avals)
+    candidates = _trace.placements(program)
+    share = time_limit_s / len(candidates)
+    best: Plan | None = None
+    floors: list[int] = []
+    spent = 0.0
+    budget_bytes = 0
+    for k, cuts in enumerate(candidates):
+        _, graph = _trace.graph_of(program, cuts)
+        problem = _solve.to_problem(graph)
+        if offload is not None:
+            problem = offload_problem(graph, problem, offload)
+        baseline = _solve.no_remat(graph, problem)
+        if k == 0:
+            budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
+        if budget_bytes >= baseline.peak_bytes:
+            # Saving everything fits, and recomputes nothing that can be saved: optimal.
+            d = baseline
+        else:
+            result = policy_model.solve(problem, budget_bytes, time_limit_s=share,
+                                        backends=backends, progress=progress)
+            spent += result.wall_s
+            if result.status is MilpStatus.INFEASIBLE:
+                floors.append(result.peak)
+                continue
+            if result.status is MilpStatus.NO_SOLUTION:
+                continue
+            d = _solve.decisions(graph, problem, result)
+        found = Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=budget_bytes,
+                     peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
+                     recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
+                     no_remat_peak_bytes=baseline.peak_bytes, status=d.status, gap=d.gap,
+                     cuts=graph.cuts, solve_seconds=d.solve_seconds, graph=graph,
+                     offloaded=d.offloaded, offloaded_bytes=d.offloaded_bytes,
+                     offload_flops=d.offload_flops)
+        cost = lambda p: (p.recompute_flops + p.offload_flops, p.peak_bytes)
+        if best is None or cost(found) < cost(best):
+            best = found
+        if cost(best)[0] == 0:
+            break
+    if best is not None:
+        return dataclasses.replace(best, solve_seconds=spent)
+    if len(floors) == len(candidates):
+        raise InfeasibleBudgetError(budget_bytes, min(floors))
+    raise SolverTimeoutError(
+        f"the solver found no plan within {time_limit_s} s for a budget of "
+        f"{format_bytes(budget_bytes)}; raise time_limit_s or the budget.")
 
 
 def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
          backends: tuple[str, ...] = ("HIGHS", "SCIP"), verify: str | None = None,
-         verify_rounds: int = 4, **kwargs: Any) -> Plan:
+         verify_rounds: int = 4, offload: OffloadConfig | None = None,
+         progress: Progress | None = None, **kwargs: Any) -> Plan:
     """Plans remat for ``fn(*args, **kwargs)`` under ``budget``.
 
     Args:
@@ -180,14 +268,25 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         no-remat activation memory (on top of arguments and gradients).
       time_limit_s: stop the solver after this long with the best plan found (its status
         is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
-      backends: OR-tools MIP backends tried in turn within the time limit, from
-        ``"HIGHS"``, ``"SCIP"`` and ``"CBC"``.
+      backends: MIP backends tried in turn within the time limit, from ``"HIGHS"``,
+        ``"SCIP"`` and ``"CBC"`` (OR-tools'; HiGHS through highspy when it is installed).
       verify: a target of :mod:`autoremat._measure` (``"tpu-v5e"``, ``"tpu-v4"``, ...,
         ``"gpu"``): the closed loop. The planned step is compiled for the target; while the
         compiler's peak exceeds the budget, the model's budget is lowered by the excess
         and the plan solved again, so that a returned plan fits on the real compiler
         (``Plan.verified_peak_bytes``). Each round is one compile (seconds to a minute).
       verify_rounds: the most compiles the closed loop makes.
+      offload: an :class:`autoremat.OffloadConfig` lets the plan offload residuals to host
+        memory as a third choice besides saving and recomputing, under its host budget,
+        priced by its transfer time (``Plan.offloaded``). ``None`` (default): no offload.
+      progress: ``progress(elapsed_s, best, bound)``, called while the solver searches
+        (with HiGHS through highspy; other backends only report their final result): the
+        seconds since the solve started, the objective of the best plan found so far (the
+        FLOPs it recomputes, plus small tie-breaks and the cost of its offloads, see
+        :mod:`autoremat._solve`) and the solver's lower bound on it (``-inf`` before it has
+        one). Each solve (one per candidate placement of regions, and per closed-loop
+        round) reports on its own and ends with its final figures. It does not change the
+        plan. Not called when the budget fits the plan that recomputes nothing.
 
     Returns:
       A :class:`Plan`.
@@ -214,7 +313,7 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
     """
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
     solve = functools.partial(plan_flat, flat_fn, avals, time_limit_s=time_limit_s,
-                              backends=backends)
+                              backends=backends, offload=offload, progress=progress)
     if verify is None:
         return solve(budget)
     bound = functools.partial(fn, **kwargs)
@@ -249,8 +348,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
 
 
 def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int] = (),
-             time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP")
-             ) -> Callable:
+             time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
+             offload: OffloadConfig | None = None) -> Callable:
     """``fn`` with automatic remat under ``budget``: same signature, same gradients.
 
     The plan is made the first time the function is called (or traced) with a given
@@ -288,7 +387,7 @@ def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int
             apply = cache.get(key)
             if apply is None:
                 p = plan(bound, *dynamic, budget=budget, time_limit_s=time_limit_s,
-                         backends=backends, **kwargs)
+                         backends=backends, offload=offload, **kwargs)
                 apply = cache[key] = p.apply(bound)
         return apply(*dynamic, **kwargs)
 
@@ -316,11 +415,11 @@ def load_plan(path: str | os.PathLike, fn: Callable, *args: Any, **kwargs: Any) 
     """
     policy = _policy_file.PolicyFile.read(path)
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
-    _, _, graph = _trace.trace(flat_fn, avals)
+    _, _, graph = _trace.trace(flat_fn, avals, policy.cuts)
     d = policy.match(graph, where=os.fspath(path))
     return Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=policy.budget_bytes,
                 peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
                 recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
                 no_remat_peak_bytes=_solve.no_remat(graph, _solve.to_problem(graph)).peak_bytes,
-                status=d.status, gap=d.gap, solve_seconds=d.solve_seconds, graph=graph,
-                verified_peak_bytes=policy.verified_peak_bytes, verify_target=policy.target)
+                status=d.status, gap=d.gap, cuts=graph.cuts, solve_seconds=d.solve_seconds,
+                graph=graph, verified_peak_bytes=policy.verified_peak_bytes, verify_target=policy.target)

@@ -21,6 +21,7 @@ Format (version 1; :data:`SCHEMA` is the JSON Schema)::
               "no_remat_peak_bytes", "step_flops", "status", "gap", "solve_seconds",
               "objective", "target", "verified_peak_bytes"},
      "program": {"fingerprint", "arg_bytes", "grad_bytes",
+                 "cuts": [equation index, ...],
                  "regions": [{"kind", "length", "values"}, ...]},
      "decisions": [{"action", "source", "primitive", "shape", "dtype", "nbytes",
                     "multiplicity", "recompute_flops", "occurrences", "of"}, ...]}
@@ -89,6 +90,7 @@ SCHEMA: dict[str, Any] = {
             "fingerprint": _TEXT,
             "arg_bytes": _COUNT,
             "grad_bytes": _COUNT,
+            "cuts": {"type": "array", "items": _COUNT},
             "regions": {"type": "array", "items": _record({
                 "kind": {"enum": ["segment", "scan"]},
                 "length": _POSITIVE,
@@ -234,6 +236,7 @@ class PolicyFile:
         step_flops, status, gap, solve_seconds: as in :class:`autoremat.Plan`.
       fingerprint: the program's structure digest (``Graph.fingerprint``).
       arg_bytes, grad_bytes: bytes of the arguments and of their gradients.
+      cuts: the placement (``Plan.cuts``): the equations that start a region.
       regions: the program's remat regions, in program order.
       decisions: every save and recompute, in program order of their first value.
     """
@@ -255,6 +258,7 @@ class PolicyFile:
     fingerprint: str
     arg_bytes: int
     grad_bytes: int
+    cuts: tuple[int, ...]
     regions: tuple[RegionSummary, ...]
     decisions: tuple[Decision, ...]
 
@@ -273,7 +277,8 @@ class PolicyFile:
         """The policy file of ``plan``."""
         graph = plan.graph
         action = {**dict.fromkeys(plan.saved, "save"),
-                  **dict.fromkeys(plan.recomputed, "recompute")}
+                  **dict.fromkeys(plan.recomputed, "recompute"),
+                  **dict.fromkeys(plan.offloaded, "offload")}
         flops = dict(zip(graph.array("id").tolist(), graph.recompute_flops().tolist()))
         by_site = _values_by_site(graph)
         groups: dict[tuple, list[int]] = {}
@@ -303,7 +308,7 @@ class PolicyFile:
             no_remat_peak_bytes=plan.no_remat_peak_bytes, step_flops=plan.step_flops,
             status=plan.status, gap=plan.gap, solve_seconds=plan.solve_seconds,
             fingerprint=graph.fingerprint, arg_bytes=graph.arg_bytes,
-            grad_bytes=graph.grad_bytes,
+            grad_bytes=graph.grad_bytes, cuts=plan.cuts,
             regions=tuple(RegionSummary(r.kind, r.length, int(n))
                           for r, n in zip(graph.regions, counts)),
             decisions=tuple(decisions))
@@ -433,7 +438,7 @@ class PolicyFile:
             "producer": {"autoremat": self.autoremat_version, "jax": self.jax_version},
             "plan": {f: getattr(self, f) for f in _PLAN_FIELDS},
             "program": {"fingerprint": self.fingerprint, "arg_bytes": self.arg_bytes,
-                        "grad_bytes": self.grad_bytes,
+                        "grad_bytes": self.grad_bytes, "cuts": list(self.cuts),
                         "regions": [dataclasses.asdict(r) for r in self.regions]},
             "decisions": [{
                 "action": d.action, "source": d.site.source, "primitive": d.site.primitive,
@@ -451,7 +456,7 @@ class PolicyFile:
             autoremat_version=doc["producer"]["autoremat"], jax_version=doc["producer"]["jax"],
             **{f: doc["plan"][f] for f in _PLAN_FIELDS},
             fingerprint=program["fingerprint"], arg_bytes=program["arg_bytes"],
-            grad_bytes=program["grad_bytes"],
+            grad_bytes=program["grad_bytes"], cuts=tuple(program["cuts"]),
             regions=tuple(RegionSummary(**r) for r in program["regions"]),
             decisions=tuple(Decision(
                 action=d["action"],

@@ -210,9 +210,20 @@ def value_id(name: str) -> int:
     return int(name.removeprefix("autoremat.v"))
 
 
-def policy_for(saved: Collection[int]) -> Callable:
-    """The ``jax.checkpoint`` policy that saves exactly the named values ``saved``."""
-    return jax.checkpoint_policies.save_only_these_names(*map(value_name, sorted(saved)))
+def is_value_name(name: str) -> bool:
+    """Whether ``name`` is one :func:`value_name` makes (not a name of the user's)."""
+    return name.startswith("autoremat.v") and name.removeprefix("autoremat.v").isdigit()
+
+
+def policy_for(saved: Collection[int], offloaded: Collection[int] = ()) -> Callable:
+    """The ``jax.checkpoint`` policy that saves exactly the named values ``saved`` on the
+    device and ``offloaded`` in host memory (pinned host; see :mod:`autoremat._offload`)."""
+    if not offloaded:
+        return jax.checkpoint_policies.save_only_these_names(*map(value_name, sorted(saved)))
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[value_name(v) for v in sorted(saved)],
+        names_which_can_be_offloaded=[value_name(v) for v in sorted(offloaded)],
+        offload_src="device", offload_dst="pinned_host")
 
 
 def _read(a: Atom, env: Mapping[int, Any], consts: Mapping[int, Any]) -> Any:

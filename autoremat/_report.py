@@ -13,7 +13,15 @@ if TYPE_CHECKING:
 
 def report(plan: Plan, max_rows: int = 40) -> str:
     """The plan's totals and a table of its decisions, largest bytes first."""
-    return format_report(PolicyFile.from_plan(plan), max_rows=max_rows)
+    text = format_report(PolicyFile.from_plan(plan), max_rows=max_rows)
+    if not plan.offloaded:
+        return text
+    lines = text.split("\n")
+    at = next(k for k, line in enumerate(lines) if line.startswith("saved residuals")) + 1
+    lines.insert(at, f"offloaded to host {format_bytes(plan.offloaded_bytes):>12}   (transfers "
+                     f"cost {plan.offload_flops / 1e9:.3f} GFLOP-equivalent; modelled overhead "
+                     f"{100 * plan.modeled_overhead:.2f}%)")
+    return "\n".join(lines)
 
 
 def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
@@ -41,7 +49,7 @@ def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
     ]
     rows = []
     for d in p.decisions:
-        save = d.action == "save"
+        save = d.action in ("save", "offload")  # bytes kept (on the device or the host)
         nbytes = d.count * d.nbytes * (d.multiplicity if save else 1)
         value = d.site.array + (f" x{d.multiplicity}" if save and d.multiplicity > 1 else "")
         values = (str(d.of) if d.of == 1 else f"all {d.of}" if d.occurrences is None

@@ -11,14 +11,14 @@ public transformations and names carry the decisions, so the result is the same 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import jax
 from jax._src import core as jax_core
 
 from autoremat import _program
-from autoremat._trace import fingerprint_of, segment_cuts
+from autoremat._trace import fingerprint_of
 
 
 class PlanMismatchError(ValueError):
@@ -53,10 +53,12 @@ def leaf_aval(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
-def rewrite(fn: Callable, saved: Collection[int], fingerprint: str) -> Callable:
-    """``fn`` with the plan applied: same signature, outputs and gradients."""
-    named = frozenset(saved)
-    policy = _program.policy_for(saved)
+def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, cuts: Sequence[int],
+            offloaded: Collection[int] = ()) -> Callable:
+    """``fn`` with the plan applied (its saved values, its placement ``cuts`` and the
+    values it offloads to host memory): same signature, outputs and gradients."""
+    named = frozenset(saved) | frozenset(offloaded)
+    policy = _program.policy_for(saved, offloaded)
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -67,7 +69,7 @@ def rewrite(fn: Callable, saved: Collection[int], fingerprint: str) -> Callable:
                 f"this plan was made for another program (structure {fingerprint}, got "
                 f"{fingerprint_of(program)}): make a plan for this function and these argument "
                 "shapes with autoremat.plan, or use autoremat.optimize, which plans per shape.")
-        regions = _program.split_regions(program, segment_cuts(program))
+        regions = _program.split_regions(program, cuts)
         outs = _program.run_program(program, regions, named, policy, leaves)
         return jax.tree.unflatten(store["out_tree"], outs)
 

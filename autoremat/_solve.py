@@ -43,7 +43,8 @@ from autoremat._graph import Graph
 
 @dataclasses.dataclass(frozen=True)
 class Decisions:
-    """Which values a plan saves and recomputes, with its modelled figures."""
+    """Which values a plan saves, recomputes and offloads, with its modelled figures
+    (``offload_flops``: the offload cost, transfer time as recompute-equivalent FLOPs)."""
 
     saved: frozenset[int]
     recomputed: frozenset[int]
@@ -53,6 +54,9 @@ class Decisions:
     status: str
     gap: float
     solve_seconds: float
+    offloaded: frozenset[int] = frozenset()
+    offloaded_bytes: int = 0
+    offload_flops: int = 0
 
 
 def to_problem(graph: Graph) -> policy_model.PolicyProblem:
@@ -88,6 +92,7 @@ def decisions(graph: Graph, problem: policy_model.PolicyProblem,
     """Reads a solver result back onto the graph's value ids."""
     ids = graph.array("id")
     flops = graph.recompute_flops()
+    offload = result.offload if result.offload is not None else np.zeros(len(ids), bool)
     return Decisions(
         saved=frozenset(int(i) for i in ids[result.save]),
         recomputed=frozenset(int(i) for i in ids[result.recompute]),
@@ -97,6 +102,9 @@ def decisions(graph: Graph, problem: policy_model.PolicyProblem,
         status=result.status.value,
         gap=result.gap,
         solve_seconds=result.wall_s,
+        offloaded=frozenset(int(i) for i in ids[offload]),
+        offloaded_bytes=policy_model.host_bytes(problem, offload),
+        offload_flops=int(problem.offload_cost[offload].sum()) if offload.any() else 0,
     )
 
 

@@ -79,6 +79,24 @@ def segment_cuts(program: Program) -> tuple[int, ...]:
     return tuple(cuts)
 
 
+def placements(program: Program) -> tuple[tuple[int, ...], ...]:
+    """Candidate placements of region boundaries, finest first.
+
+    The finest is :func:`segment_cuts`. Coarser ones keep every second of its cuts
+    (both phases): where a layer is cut in two (attention | MLP), one of them cuts only
+    at layer boundaries. Each region boundary is saved for the backward pass, so fewer
+    regions save fewer copies of what crosses; larger regions recompute more at once.
+    The planner solves each and keeps the cheapest plan that fits.
+    """
+    finest = segment_cuts(program)
+    found = [finest]
+    for phase in (0, 1):
+        coarse = finest[phase::2]
+        if len(finest) >= 3 and coarse not in found:
+            found.append(coarse)
+    return tuple(found)
+
+
 def _residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
                ) -> tuple[set[str], set[int], int]:
     """What ``fn``'s VJP keeps: (names, indices of arguments, bytes of anything else).
@@ -314,16 +332,33 @@ def _warn_unplanned(nbytes: int, region: Segment) -> None:
                       "them, so the predicted peak may be low by that much.", stacklevel=4)
 
 
-def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
-          ) -> tuple[Program, tuple[Segment, ...], Graph]:
+def trace_program(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> Program:
+    """The flattened forward program of ``flat_fn`` (flat array arguments to a flat list
+    of outputs), checked for side effects a remat region cannot replay."""
+    program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
+    _check_effects(program.eqns)
+    return program
+
+
+def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
+          cuts: Sequence[int] | None = None) -> tuple[Program, tuple[Segment, ...], Graph]:
     """Traces ``flat_fn`` (flat array arguments to a flat list of outputs).
+
+    Args:
+      flat_fn: the function.
+      avals: its arguments' shapes and dtypes.
+      cuts: the placement (see :func:`placements`); :func:`segment_cuts` when None.
 
     Returns:
       The flattened program, its regions, and the value graph.
     """
-    program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
-    _check_effects(program.eqns)
-    regions = _program.split_regions(program, segment_cuts(program))
+    program = trace_program(flat_fn, avals)
+    return (program, *graph_of(program, segment_cuts(program) if cuts is None else cuts))
+
+
+def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...], Graph]:
+    """The regions and value graph of ``program`` cut at ``cuts``."""
+    regions = _program.split_regions(program, cuts)
     free = set(program.args) | set(program.consts)
     differentiable = _differentiable(program)
     grad_bytes = _grad_bytes_by_region(program, regions)
@@ -373,6 +408,8 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
             for o in e.outs:
                 add(o, region, mult, e.primitive.name, _source(e), flops // max(1, len(e.outs)),
                     ins, saveable=True, recomputable=not top_scan)
+            if e.primitive.name == "name" and not _program.is_value_name(e.params["name"]):
+                records[e.outs[0]]["user_name"] = e.params["name"]
 
     for r in regions:
         if r.kind == "segment":
@@ -441,8 +478,9 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
         grad_bytes=sum(_program.nbytes(a) for a in arg_avals if _is_float(a)),
         step_flops=step_flops,
         fingerprint=fingerprint_of(program),
+        cuts=tuple(cuts),
     )
-    return program, regions, graph
+    return regions, graph
 
 
 def _split(flat: Sequence[Any], groups: Sequence[Sequence[int]]) -> list[list[Any]]:

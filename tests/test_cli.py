@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+import yaml
 
 import autoremat
 from autoremat._cli import _progress
@@ -201,20 +203,55 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_progress_on_a_terminal_spins_with_elapsed_seconds_then_erases():
+def test_progress_on_a_terminal_shows_the_solvers_figures_then_erases():
     stream = _Terminal()
-    with _progress("planning", stream):
-        pass
+    with _progress("planning", stream) as progress:
+        progress(1.0, 2e9, 1.5e9)
     text = stream.getvalue()
-    assert text.startswith("\r| planning 0 s")
-    assert text.endswith("\r\033[K")
+    assert "planning 0 s  best" in text
+    assert "best 2 GFLOP, bound 1.5 GFLOP, gap 25.00%" in text
+    assert text.endswith("\033[2K")  # the line erased
 
 
-def test_progress_elsewhere_prints_the_label_once():
+@pytest.mark.parametrize("show", [None, False])
+def test_progress_elsewhere_prints_the_label_once(show):
     stream = io.StringIO()
-    with _progress("planning", stream):
-        pass
+    with _progress("planning", stream, show=show) as progress:
+        assert progress is None
     assert stream.getvalue() == "planning ...\n"
+
+
+def test_progress_asked_for_elsewhere_prints_a_line_per_better_plan_or_few_seconds():
+    stream = io.StringIO()
+    with _progress("planning", stream, show=True) as progress:
+        for elapsed, best, bound in [(0.4, 100.0, -math.inf), (1, 90.0, 50.0), (2, 90.0, 60.0),
+                                     (7, 90.0, 70.0)]:
+            progress(elapsed, best, bound)
+    assert stream.getvalue() == ("planning ...\n"
+                                 "  0 s: best 100 FLOP, no bound yet\n"
+                                 "  1 s: best 90 FLOP, bound 50 FLOP, gap 44.44%\n"
+                                 "  7 s: best 90 FLOP, bound 70 FLOP, gap 22.22%\n")
+
+
+def test_plan_with_progress_and_a_maxtext_configuration(tmp_path):
+    result = _run("plan", "--model", "gpt2-small-tiny", "--budget", "0.5", "--out", "p.json",
+                  "--maxtext", "remat.yml", "--progress", "--rows", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "FLOP, bound " in result.stderr  # not a terminal: lines of text
+    assert result.stdout.rstrip().endswith("wrote remat.yml (MaxText remat_policy: custom)")
+    config = yaml.safe_load((tmp_path / "remat.yml").read_text())
+    assert config.pop("remat_policy") == "custom"
+    assert config == {"qkv_proj": "device", "context": "device", "out_proj": "device",
+                      "mlpwi": "device", "mlpwo": "device"}
+
+
+def test_maxtext_configuration_of_a_function_without_names_is_an_error(workdir, tmp_path):
+    result = _run("plan", "cli_example:loss_and_args", "--budget", "1.0", "--out",
+                  str(tmp_path / "p.json"), "--maxtext", str(tmp_path / "remat.yml"),
+                  cwd=workdir)
+    assert result.returncode == 1
+    assert (tmp_path / "p.json").exists() and not (tmp_path / "remat.yml").exists()
+    assert "no MaxText configuration written: no tensor" in result.stderr
 
 
 def test_demo_plans_gpt2_small_within_two_minutes():

@@ -104,8 +104,7 @@ def init_batch(c: LlamaConfig, key: jax.Array) -> dict[str, jax.Array]:
 def block(p: Params, x: jax.Array, c: LlamaConfig) -> jax.Array:
     """One decoder block on activations ``x`` of shape ``(batch, seq, d_model)``."""
     B, T, _ = x.shape
-    # (batch, seq, n * head_dim) -> head-major (batch, n, seq, head_dim)
-    heads = lambda t, n: t.reshape(B, T, n, c.head_dim).transpose(0, 2, 1, 3)
+    heads = lambda t, n: t.reshape(B, T, n, c.head_dim)  # (batch, seq, n, head_dim)
     h = _layers.rms_norm(x, p["attn_norm_g"])
     q = heads(checkpoint_name(h @ p["w_q"], "query_proj"), c.n_head)
     k = heads(checkpoint_name(h @ p["w_k"], "key_proj"), c.n_kv_head)

@@ -1,4 +1,4 @@
-"""A mixed-integer linear program in array form, solved through OR-tools.
+"""A mixed-integer linear program in array form, solved with HiGHS (highspy) or OR-tools.
 
 Every solver in this package states its model as arrays (a cost vector, a sparse
 constraint matrix, bounds) and hands it to :func:`solve_milp`. Building models from
@@ -6,21 +6,34 @@ arrays instead of Python expression objects keeps model construction linear-time
 fast (about 50x faster at 100k variables, see ``shared/notes/remat-facts.md`` §4).
 
 Backends are the MIP solvers bundled with OR-tools' ``pywraplp``: ``"HIGHS"`` (default),
-``"SCIP"`` and ``"CBC"``. All run single-threaded, so results are deterministic.
+``"SCIP"`` and ``"CBC"``. ``"HIGHS"`` is called through highspy instead when it is
+installed: the same solver, which then reports its progress (best solution and bound) while
+it searches. All run single-threaded, so results are deterministic for a given
+installation (a time limit that stops a search aside).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 import time
+from collections.abc import Callable
+from types import ModuleType
 
 import numpy as np
 import scipy.sparse as sp
 from ortools.linear_solver import linear_solver_pb2, pywraplp
 
-__all__ = ["Milp", "MilpResult", "MilpStatus", "solve_milp"]
+__all__ = ["Milp", "MilpResult", "MilpStatus", "Progress", "solve_milp"]
+
+Progress = Callable[[float, float, float], None]
+"""``progress(elapsed_s, best, bound)``: seconds since the solve started, the objective of
+the best solution found so far and the solver's lower bound on the optimum."""
+
+# Least seconds between two progress reports that bring no better solution.
+_PROGRESS_INTERVAL_S = 0.25
 
 
 class MilpStatus(str, enum.Enum):
@@ -110,18 +123,127 @@ def solve_milp(
     backend: str = "HIGHS",
     time_limit_s: float | None = None,
     relative_gap: float = 0.0,
+    progress: Progress | None = None,
 ) -> MilpResult:
-    """Solves ``milp`` with an OR-tools MIP backend.
+    """Solves ``milp`` with a MIP backend (see the module docstring).
 
     Args:
       milp: the model.
       backend: ``"HIGHS"``, ``"SCIP"`` or ``"CBC"``.
       time_limit_s: stop after this many seconds and return the best solution found.
       relative_gap: stop once the relative optimality gap is at most this.
+      progress: called while HiGHS (through highspy) searches, at each better solution
+        and every quarter second or so after one was found, and once at the end with the
+        final solution and bound (with every backend) when there is a solution. An
+        exception it raises stops the solve and is raised again here.
 
     Returns:
       A :class:`MilpResult`; ``x`` is rounded for integer variables.
     """
+    highspy = _highspy() if backend == "HIGHS" else None
+    if highspy is not None:
+        result = _solve_highspy(highspy, milp, time_limit_s, relative_gap, progress)
+    else:
+        result = _solve_ortools(milp, backend, time_limit_s, relative_gap)
+    if progress is not None and result.x is not None:
+        progress(result.wall_s, result.objective, min(result.bound, result.objective))
+    return result
+
+
+@functools.cache
+def _highspy() -> ModuleType | None:
+    try:
+        import highspy
+    except ImportError:
+        return None
+    return highspy
+
+
+def _solve_highspy(highspy: ModuleType, milp: Milp, time_limit_s: float | None,
+                   relative_gap: float, progress: Progress | None) -> MilpResult:
+    # The raw binding: the public ``highspy.Highs`` prints HiGHS's banner on stdout when
+    # it is made, before output can be switched off.
+    h = highspy._Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("mip_rel_gap", float(relative_gap))
+    if time_limit_s is not None:
+        h.setOptionValue("time_limit", max(1e-3, float(time_limit_s)))
+    h.passModel(_to_highs_lp(highspy, milp))
+    start = time.perf_counter()
+    errors: list[BaseException] = []
+    if progress is not None:
+        _report_progress(highspy, h, progress, start, errors)
+    h.run()
+    wall_s = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    status = h.getModelStatus()
+    if status in (highspy.HighsModelStatus.kInfeasible,
+                  highspy.HighsModelStatus.kUnboundedOrInfeasible):
+        return MilpResult(MilpStatus.INFEASIBLE, None, math.inf, math.inf, wall_s)
+    info = h.getInfo()
+    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+        return MilpResult(MilpStatus.NO_SOLUTION, None, math.inf, -math.inf, wall_s)
+    x = np.asarray(h.getSolution().col_value)
+    x = np.where(milp.integer, np.round(x), x)
+    objective = float(milp.c @ x)
+    if status == highspy.HighsModelStatus.kOptimal:
+        return MilpResult(MilpStatus.OPTIMAL, x, objective, objective, wall_s)
+    bound = float(info.mip_dual_bound) if milp.integer.any() else -math.inf
+    return MilpResult(MilpStatus.FEASIBLE, x, objective, bound, wall_s)
+
+
+def _to_highs_lp(highspy: ModuleType, milp: Milp) -> object:
+    A = milp.A.tocsc()
+    A.sort_indices()
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = A.shape[1], A.shape[0]
+    lp.col_cost_ = np.asarray(milp.c, dtype=float)
+    lp.col_lower_ = np.asarray(milp.var_lb, dtype=float)
+    lp.col_upper_ = np.asarray(milp.var_ub, dtype=float)
+    lp.row_lower_ = np.asarray(milp.row_lb, dtype=float)
+    lp.row_upper_ = np.asarray(milp.row_ub, dtype=float)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = A.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = A.indices.astype(np.int32)
+    lp.a_matrix_.value_ = A.data.astype(float)
+    if milp.integer.any():
+        lp.integrality_ = [highspy.HighsVarType.kInteger if b else
+                           highspy.HighsVarType.kContinuous for b in milp.integer]
+    return lp
+
+
+def _report_progress(highspy: ModuleType, h: object, progress: Progress, start: float,
+                     errors: list[BaseException]) -> None:
+    """Calls ``progress`` from HiGHS's callbacks: at each better solution, and at most every
+    :data:`_PROGRESS_INTERVAL_S` otherwise. An exception (Ctrl-C included) interrupts the
+    solve and is left in ``errors``."""
+    kinds = highspy.cb.HighsCallbackType
+    last = -math.inf
+
+    def on_event(kind: object, message: str, out: object, into: object, data: object) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        improving = kind == kinds.kCallbackMipImprovingSolution
+        best = out.objective_function_value if improving else out.mip_primal_bound
+        if not errors and math.isfinite(best) and (improving or
+                                                   now - last >= _PROGRESS_INTERVAL_S):
+            last = now
+            try:
+                progress(now - start, best, min(out.mip_dual_bound, best))
+            except BaseException as e:  # noqa: BLE001 - raised again after the solve
+                errors.append(e)
+        if errors and into is not None:
+            into.user_interrupt = True
+
+    h.setCallback(on_event, None)
+    h.startCallback(kinds.kCallbackMipImprovingSolution)
+    h.startCallback(kinds.kCallbackMipInterrupt)
+
+
+def _solve_ortools(milp: Milp, backend: str, time_limit_s: float | None,
+                   relative_gap: float) -> MilpResult:
     solver = pywraplp.Solver.CreateSolver(backend)
     if solver is None:
         raise ValueError(f"OR-tools has no MIP backend {backend!r}; use 'HIGHS', 'SCIP' or 'CBC'")

@@ -21,20 +21,34 @@ stage. Feasibility:
 
 The objective is the total recompute cost. The integer program has ``2V + R`` variables
 and ``O(V + E + R)`` nonzeros, built from arrays (``shared/notes/remat-facts.md`` §4).
+
+Host offload (optional, off unless the problem sets ``can_offload``): a third choice per
+value, exclusive with saving. An offloaded value is copied to host memory in its region's
+forward pass and brought back for its region's backward pass; it occupies device memory
+only around those two transfers, so it adds ``offload_forward[v]`` to its region's forward
+stage and ``offload_backward[v]`` to its region's backward stage and nothing to the stages
+in between (where a saved value adds ``held[v]``). Only values no other region reads can
+be offloaded (an input of another region is saved by that region's checkpoint itself).
+With offload the rules become: a value the backward reads is saved, offloaded or
+recomputed; a recomputed value's input is saved, or, within its region, recomputed or
+offloaded; ``sum(held[v] * offload[v]) <= host_budget``; and ``offload_cost[v]`` (the
+transfer time the step cannot hide, in the units of ``cost``) joins the objective. The
+program gains ``V`` binaries and ``V + 1`` rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 import numpy as np
 import scipy.sparse as sp
 
-from autoremat_solvers.milp import Milp, MilpResult, MilpStatus, solve_milp
+from autoremat_solvers.milp import Milp, MilpResult, MilpStatus, Progress, solve_milp
 
-__all__ = ["PolicyProblem", "PolicyResult", "evaluate", "prune", "solve", "solve_min_peak",
-           "stage_bytes", "violations"]
+__all__ = ["PolicyProblem", "PolicyResult", "evaluate", "host_bytes", "prune", "prune_offload",
+           "solve", "solve_min_peak", "stage_bytes", "violations"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -52,6 +66,13 @@ class PolicyProblem:
         what ``forward_base`` already counts).
       must_cover, must_save, can_save, can_recompute: boolean masks.
       edges: ``(E, 2)`` array of ``(input, consumer)`` value indices.
+      can_offload: boolean mask of the values that may be offloaded to host memory;
+        ``None`` (the default) disables offload and leaves the model exactly as without it.
+      offload_cost: cost of offloading each value (same units as ``cost``).
+      offload_forward: bytes an offloaded value adds to its region's forward stage.
+      offload_backward: bytes an offloaded value adds to its region's backward stage.
+      host_budget: most bytes offloaded values may occupy in host memory (an offloaded
+        value takes ``held[v]`` there).
     """
 
     cost: np.ndarray
@@ -66,10 +87,20 @@ class PolicyProblem:
     can_save: np.ndarray
     can_recompute: np.ndarray
     edges: np.ndarray
+    can_offload: np.ndarray | None = None
+    offload_cost: np.ndarray | None = None
+    offload_forward: np.ndarray | None = None
+    offload_backward: np.ndarray | None = None
+    host_budget: float = math.inf
 
     @property
     def num_values(self) -> int:
         return len(self.cost)
+
+    @property
+    def offloading(self) -> bool:
+        """Whether any value may be offloaded (the model then has offload variables)."""
+        return self.can_offload is not None and bool(np.any(self.can_offload))
 
     @property
     def num_regions(self) -> int:
@@ -78,7 +109,8 @@ class PolicyProblem:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class PolicyResult:
-    """A solve's outcome; ``save``/``recompute`` are ``None`` when no plan was found."""
+    """A solve's outcome; ``save``/``recompute`` are ``None`` when no plan was found.
+    ``offload`` is the offload mask when the problem allows offload, else ``None``."""
 
     status: MilpStatus
     save: np.ndarray | None
@@ -88,9 +120,17 @@ class PolicyResult:
     bound: float
     gap: float
     wall_s: float
+    offload: np.ndarray | None = None
 
 
-def stage_bytes(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray) -> np.ndarray:
+def _no_offload(problem: PolicyProblem, offload: np.ndarray | None) -> np.ndarray:
+    if offload is None:
+        return np.zeros(problem.num_values, dtype=bool)
+    return offload.astype(bool)
+
+
+def stage_bytes(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
+                offload: np.ndarray | None = None) -> np.ndarray:
     """Bytes in use at each region's backward stage, then at each forward stage, in exact
     integer arithmetic."""
     R = problem.num_regions
@@ -102,24 +142,48 @@ def stage_bytes(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray)
         own[problem.region[v]] += int(problem.forward_held[v])
     for v in np.flatnonzero(recompute):
         trans[problem.region[v]] += int(problem.transient[v])
+    for v in np.flatnonzero(_no_offload(problem, offload)):
+        trans[problem.region[v]] += int(problem.offload_backward[v])
+        own[problem.region[v]] += int(problem.offload_forward[v])
     as_int = lambda a: np.array([int(b) for b in a], dtype=object)
     before = np.cumsum(held) - held
     return np.concatenate([as_int(problem.base) + before + held + trans,
                            as_int(problem.forward_base) + before + own])
 
 
-def evaluate(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray) -> tuple[float, int]:
-    """``(recompute cost, peak bytes)`` of a plan."""
-    peak = int(max(stage_bytes(problem, save, recompute), default=0))
-    return float(problem.cost[recompute.astype(bool)].sum()), peak
+def evaluate(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
+             offload: np.ndarray | None = None) -> tuple[float, int]:
+    """``(cost, peak bytes)`` of a plan: recompute cost plus offload cost."""
+    peak = int(max(stage_bytes(problem, save, recompute, offload), default=0))
+    cost = float(problem.cost[recompute.astype(bool)].sum())
+    if offload is not None and offload.any():
+        cost += float(problem.offload_cost[offload.astype(bool)].sum())
+    return cost, peak
 
 
-def violations(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray) -> list[str]:
-    """Every feasibility rule the plan breaks (empty when it is valid); budget not checked."""
-    s, r = save.astype(bool), recompute.astype(bool)
+def host_bytes(problem: PolicyProblem, offload: np.ndarray | None) -> int:
+    """Bytes the plan's offloaded values occupy in host memory."""
+    return int(sum(int(problem.held[v]) for v in np.flatnonzero(_no_offload(problem, offload))))
+
+
+def violations(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
+               offload: np.ndarray | None = None) -> list[str]:
+    """Every feasibility rule the plan breaks (empty when it is valid); the device budget
+    is not checked, the host budget is."""
+    s, r, o = save.astype(bool), recompute.astype(bool), _no_offload(problem, offload)
     out = []
-    for v in np.flatnonzero(problem.must_cover & ~s & ~r):
-        out.append(f"value {v} is read by the backward pass but neither saved nor recomputed")
+    for v in np.flatnonzero(problem.must_cover & ~s & ~r & ~o):
+        out.append(f"value {v} is read by the backward pass but neither saved nor recomputed"
+                   + (" nor offloaded" if o.any() else ""))
+    can_offload = (problem.can_offload if problem.can_offload is not None
+                   else np.zeros(problem.num_values, dtype=bool))
+    for v in np.flatnonzero(o & ~can_offload):
+        out.append(f"value {v} cannot be offloaded")
+    for v in np.flatnonzero(o & s):
+        out.append(f"value {v} is both saved and offloaded")
+    if o.any() and host_bytes(problem, o) > problem.host_budget:
+        out.append(f"offloaded values take {host_bytes(problem, o)} bytes of host memory, over "
+                   f"the host budget of {problem.host_budget:.0f}")
     for v in np.flatnonzero(problem.must_save & ~s):
         out.append(f"value {v} is read by another region but not saved")
     for v in np.flatnonzero(s & ~problem.can_save):
@@ -128,7 +192,7 @@ def violations(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray) 
         out.append(f"value {v} cannot be recomputed")
     for u, v in problem.edges:
         same = problem.region[u] == problem.region[v]
-        if r[v] and not (s[u] or (same and r[u])):
+        if r[v] and not (s[u] or (same and (r[u] or o[u]))):
             out.append(f"value {v} is recomputed but its input {u} is not available")
     return out
 
@@ -136,8 +200,16 @@ def violations(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray) 
 def prune(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray
           ) -> tuple[np.ndarray, np.ndarray]:
     """Drops saves and recomputes that nothing reads (a solver may leave them in)."""
+    s, r, _ = prune_offload(problem, save, recompute, None)
+    return s, r
+
+
+def prune_offload(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
+                  offload: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`prune` that also drops offloads nothing reads."""
     s = save.astype(bool).copy()
-    r = recompute.astype(bool) & ~s
+    o = _no_offload(problem, offload) & ~s
+    r = recompute.astype(bool) & ~s & ~o
     same_region_readers: dict[int, list[int]] = {}
     readers: dict[int, list[int]] = {}
     for u, v in problem.edges:
@@ -151,7 +223,10 @@ def prune(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray
     for v in np.flatnonzero(s):
         if not (problem.must_cover[v] or problem.must_save[v]):
             s[v] = any(r[w] for w in readers.get(int(v), ()))
-    return s, r
+    for v in np.flatnonzero(o):
+        if not problem.must_cover[v]:
+            o[v] = any(r[w] for w in same_region_readers.get(int(v), ()))
+    return s, r, o
 
 
 def _memory_unit(problem: PolicyProblem) -> float:
@@ -159,14 +234,19 @@ def _memory_unit(problem: PolicyProblem) -> float:
 
 
 def _cost_unit(problem: PolicyProblem) -> float:
-    return max(1.0, float(problem.cost.max(initial=1.0)))
+    unit = max(1.0, float(problem.cost.max(initial=1.0)))
+    if problem.offloading:
+        unit = max(unit, float(problem.offload_cost[problem.can_offload].max(initial=1.0)))
+    return unit
 
 
 def _model(problem: PolicyProblem, budget: float | None) -> Milp:
-    """Variables ``[save (V), recompute (V), held per region (R), peak (1)]``."""
+    """Variables ``[save (V), recompute (V), held per region (R), peak (1)]``, then
+    ``offload (V)`` when the problem allows offload."""
     V, R = problem.num_values, problem.num_regions
-    n = 2 * V + R + 1
-    S, Rv, H, P = 0, V, 2 * V, 2 * V + R
+    offloading = problem.offloading
+    n = 2 * V + R + 1 + (V if offloading else 0)
+    S, Rv, H, P, O = 0, V, 2 * V, 2 * V + R, 2 * V + R + 1
     rows, cols, vals, lo, hi = [], [], [], [], []
 
     def add_rows(row_ids: np.ndarray, col_ids: np.ndarray, coefs: np.ndarray) -> None:
@@ -176,6 +256,8 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     cover = np.flatnonzero(problem.must_cover)
     k = len(cover)
     add_rows(np.tile(m + np.arange(k), 2), np.concatenate([S + cover, Rv + cover]), np.ones(2 * k))
+    if offloading:
+        add_rows(m + np.arange(k), O + cover, np.ones(k))
     lo.append(np.ones(k)), hi.append(np.full(k, np.inf))
     m += k
 
@@ -186,8 +268,17 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     add_rows(e_rows, Rv + v, np.ones(E))
     add_rows(e_rows, S + u, -np.ones(E))
     add_rows(e_rows[same], Rv + u[same], -np.ones(int(same.sum())))
+    if offloading:  # an offloaded input is brought back for its own region's backward
+        add_rows(e_rows[same], O + u[same], -np.ones(int(same.sum())))
     lo.append(np.full(E, -np.inf)), hi.append(np.zeros(E))
     m += E
+
+    if offloading:  # keep, offload or neither: exclusive
+        off = np.flatnonzero(problem.can_offload)
+        add_rows(np.tile(m + np.arange(len(off)), 2), np.concatenate([S + off, O + off]),
+                 np.ones(2 * len(off)))
+        lo.append(np.full(len(off), -np.inf)), hi.append(np.ones(len(off)))
+        m += len(off)
 
     # Memory rows in units of the largest value, objective in units of the largest cost:
     # coefficients near 1 keep the solver's tolerances meaningful (bytes reach 1e10).
@@ -199,16 +290,20 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     m += R
 
     stages = (
-        (problem.base, np.tril_indices(R), problem.held, problem.transient),
-        (problem.forward_base, np.tril_indices(R, -1), problem.forward_held, None),
+        (problem.base, np.tril_indices(R), problem.held, problem.transient,
+         problem.offload_backward),
+        (problem.forward_base, np.tril_indices(R, -1), problem.forward_held, None,
+         problem.offload_forward),
     )
-    for stage_base, (tri_r, tri_c), own, transient in stages:
+    for stage_base, (tri_r, tri_c), own, transient, offloaded in stages:
         add_rows(m + tri_r, H + tri_c, np.ones(len(tri_r)))
         own_held = own.astype(float) if own is not problem.held else None
         if own_held is not None:
             add_rows(m + problem.region, S + vals_idx, own_held / unit)
         if transient is not None:
             add_rows(m + problem.region, Rv + vals_idx, transient / unit)
+        if offloading:
+            add_rows(m + problem.region, O + vals_idx, offloaded.astype(float) / unit)
         base = stage_base / unit
         if budget is None:
             add_rows(m + np.arange(R), np.full(R, P), -np.ones(R))
@@ -217,6 +312,12 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
             lo.append(np.full(R, -np.inf)), hi.append(budget / unit - base)
         m += R
 
+    if offloading and math.isfinite(problem.host_budget):
+        add_rows(np.full(V, m), O + vals_idx, problem.held / unit)
+        # Tightened by more than the solver's feasibility tolerance: the budget is exact.
+        lo.append(np.array([-np.inf])), hi.append(np.array([problem.host_budget / unit - 1e-6]))
+        m += 1
+
     A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
                       shape=(m, n))
     c = np.zeros(n)
@@ -224,10 +325,16 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
         c[P] = 1.0
     else:
         c[Rv:Rv + V] = problem.cost / _cost_unit(problem)
+        if offloading:
+            c[O:] = problem.offload_cost / _cost_unit(problem)
     var_lb = np.concatenate([problem.must_save.astype(float), np.zeros(V + R + 1)])
     var_ub = np.concatenate([problem.can_save.astype(float), problem.can_recompute.astype(float),
                              np.full(R + 1, np.inf)])
     integer = np.concatenate([np.ones(2 * V, bool), np.zeros(R + 1, bool)])
+    if offloading:
+        var_lb = np.concatenate([var_lb, np.zeros(V)])
+        var_ub = np.concatenate([var_ub, problem.can_offload.astype(float)])
+        integer = np.concatenate([integer, np.ones(V, bool)])
     return Milp(c, A, np.concatenate(lo), np.concatenate(hi), var_lb, var_ub, integer)
 
 
@@ -237,15 +344,23 @@ def _result(problem: PolicyProblem, milp_result: MilpResult, bound_unit: float) 
     if milp_result.x is None:
         return PolicyResult(milp_result.status, None, None, np.inf, 0, bound, np.inf,
                             milp_result.wall_s)
-    save, recompute = prune(problem, milp_result.x[:V] > 0.5, milp_result.x[V:2 * V] > 0.5)
-    cost, peak = evaluate(problem, save, recompute)
+    if not problem.offloading:
+        save, recompute = prune(problem, milp_result.x[:V] > 0.5, milp_result.x[V:2 * V] > 0.5)
+        cost, peak = evaluate(problem, save, recompute)
+        return PolicyResult(milp_result.status, save, recompute, cost, peak, bound,
+                            milp_result.gap, milp_result.wall_s)
+    O = 2 * V + problem.num_regions + 1
+    save, recompute, offload = prune_offload(problem, milp_result.x[:V] > 0.5,
+                                             milp_result.x[V:2 * V] > 0.5,
+                                             milp_result.x[O:O + V] > 0.5)
+    cost, peak = evaluate(problem, save, recompute, offload)
     return PolicyResult(milp_result.status, save, recompute, cost, peak, bound,
-                        milp_result.gap, milp_result.wall_s)
+                        milp_result.gap, milp_result.wall_s, offload)
 
 
 def solve(problem: PolicyProblem, budget: int, *, time_limit_s: float = 60.0,
-          relative_gap: float = 1e-4, backends: tuple[str, ...] = ("HIGHS", "SCIP")
-          ) -> PolicyResult:
+          relative_gap: float = 1e-4, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
+          progress: Progress | None = None) -> PolicyResult:
     """The least-recompute plan whose peak is at most ``budget`` bytes.
 
     The backends are tried in turn, sharing ``time_limit_s``, until one proves its plan
@@ -255,12 +370,42 @@ def solve(problem: PolicyProblem, budget: int, *, time_limit_s: float = 60.0,
     SCIP sometimes stalls on a budget the other solves in seconds.) When no backend found
     a plan but the budget is at least the smallest feasible peak, the min-peak plan is
     returned as a last resort.
+
+    ``progress(elapsed_s, best, bound)`` is called while the backends search (see
+    :func:`~autoremat_solvers.milp.solve_milp`) with the seconds since this call, the
+    recompute cost of the best plan found so far and a lower bound on the least cost, and
+    once at the end with the returned plan's cost when there is a plan. It does not change
+    the result.
     """
+    start = time.perf_counter()
+    report = None if progress is None else _running_best(progress, start, _cost_unit(problem))
+    result = _portfolio(problem, budget, time_limit_s, relative_gap, backends, report)
+    if progress is not None and result.save is not None:
+        progress(time.perf_counter() - start, result.cost, min(result.bound, result.cost))
+    return result
+
+
+def _running_best(progress: Progress, start: float, unit: float) -> Progress:
+    """``progress`` fed by each MILP solve of the portfolio: seconds since ``start``, and the
+    best objective and bound over all the solves so far, in cost units (the MILPs' are
+    divided by ``unit``)."""
+    best, bound = math.inf, -math.inf
+
+    def report(elapsed_s: float, objective: float, lower: float) -> None:
+        nonlocal best, bound
+        best, bound = min(best, objective * unit), max(bound, lower * unit)
+        progress(time.perf_counter() - start, best, min(bound, best))
+
+    return report
+
+
+def _portfolio(problem: PolicyProblem, budget: int, time_limit_s: float, relative_gap: float,
+               backends: tuple[str, ...], progress: Progress | None) -> PolicyResult:
     start = time.perf_counter()
     best: PolicyResult | None = None
     share = time_limit_s / len(backends)
     for backend in backends:
-        res = _solve_within_budget(problem, budget, share, relative_gap, backend)
+        res = _solve_within_budget(problem, budget, share, relative_gap, backend, progress)
         if res.status is MilpStatus.OPTIMAL:
             return dataclasses.replace(res, wall_s=time.perf_counter() - start)
         if res.status is MilpStatus.INFEASIBLE:
@@ -273,18 +418,20 @@ def solve(problem: PolicyProblem, budget: int, *, time_limit_s: float = 60.0,
             proven = floor.status is MilpStatus.OPTIMAL
             status = MilpStatus.INFEASIBLE if proven else MilpStatus.NO_SOLUTION
             return dataclasses.replace(floor, status=status, save=None, recompute=None,
-                                       wall_s=time.perf_counter() - start)
+                                       offload=None, wall_s=time.perf_counter() - start)
         best = floor
     return dataclasses.replace(best, status=MilpStatus.FEASIBLE,
                                wall_s=time.perf_counter() - start)
 
 
 def _solve_within_budget(problem: PolicyProblem, budget: int, time_limit_s: float,
-                         relative_gap: float, backend: str) -> PolicyResult:
+                         relative_gap: float, backend: str, progress: Progress | None
+                         ) -> PolicyResult:
     margin = 0
     for _ in range(4):
         res = _result(problem, solve_milp(_model(problem, budget - margin), backend=backend,
-                                          time_limit_s=time_limit_s, relative_gap=relative_gap),
+                                          time_limit_s=time_limit_s, relative_gap=relative_gap,
+                                          progress=progress),
                       _cost_unit(problem))
         # The solver's feasibility tolerance is relative; the exact peak decides.
         if res.save is None or res.peak <= budget:

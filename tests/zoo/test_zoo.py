@@ -108,11 +108,11 @@ def test_presets_apply_where_the_names_are():
 
 def test_grouped_query_attention_equals_attention_over_repeated_heads():
     q, k, v = (jax.random.normal(key, shape) for key, shape in zip(
-        jax.random.split(jax.random.key(0), 3), [(2, 8, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)],
-        strict=True))
+        jax.random.split(jax.random.key(0), 3), [(2, 5, 8, 4), (2, 5, 2, 4), (2, 5, 2, 4)],
+        strict=True))  # (batch, seq, heads, head_dim)
     attention = jax.jit(_layers.attention, static_argnums=3)
     for causal in (True, False):
-        repeated = attention(q, jnp.repeat(k, 4, axis=1), jnp.repeat(v, 4, axis=1), causal)
+        repeated = attention(q, jnp.repeat(k, 4, axis=2), jnp.repeat(v, 4, axis=2), causal)
         np.testing.assert_allclose(attention(q, k, v, causal), repeated, rtol=1e-5, atol=1e-6)
 
 
