@@ -3,9 +3,19 @@
 ``dot_general`` costs ``2 * |out| * prod(contracting dims)``, a convolution
 ``2 * |out| * (kernel elements per output feature)``, elementwise ops and reductions one
 FLOP per element, and data movement (reshapes, broadcasts, slices, converts) nothing. A
-scan costs ``length`` times its body, a ``cond`` its most expensive branch. A primitive
-this table does not know gets a conservative cost (ten FLOPs per element in and out) and
-a warning, once per primitive.
+scan costs ``length`` times its body, a ``cond`` its most expensive branch, a
+``shard_map`` its body (per-device shapes) times the devices it runs on: FLOPs here are
+those of the whole program over all devices. A primitive this table does not know gets a
+conservative cost (ten FLOPs per element in and out) and a warning, once per primitive.
+
+Collectives (``psum``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``ppermute``
+and the others of :data:`COLLECTIVES`, in ``shard_map`` bodies, and ``reshard`` between
+explicit shardings) cost the bytes they move, as FLOP-equivalents: the time the bytes
+take over the chip's interconnect, at the chip's peak FLOP rate,
+``bytes * FLOPS_PER_COMM_BYTE``. The bytes are an upper bound of what one device sends
+in a ring: its larger operand or result (``(n - 1) / n`` of it, rounded up to all of it),
+twice for all-reduces. A collective is recomputed when its region is, and communicates
+again: this cost keeps the planner from treating that as free.
 """
 
 from __future__ import annotations
@@ -17,11 +27,26 @@ from typing import Any
 import numpy as np
 from jax._src import core as jax_core
 
-_FREE = frozenset(["reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "convert_element_type", "bitcast_convert_type", "slice", "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "rev", "copy", "gather", "iota", "select_n", "tile", "stop_gradient", "name", "reduce_precision", "optimization_barrier", "device_put", "sharding_constraint", "split", "real", "imag", "complex", "empty", "zeros_like", "full_like", "pvary", "mesh_cast", "random_wrap", "random_unwrap", "random_seed", "random_bits", "threefry2x32", "psum_invariant", "empty2", "debug_print", "debug_callback"])
+_FREE = frozenset(["reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "convert_element_type", "bitcast_convert_type", "slice", "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "rev", "copy", "gather", "iota", "select_n", "tile", "stop_gradient", "name", "reduce_precision", "optimization_barrier", "device_put", "sharding_constraint", "split", "real", "imag", "complex", "empty", "zeros_like", "full_like", "pvary", "mesh_cast", "random_wrap", "random_unwrap", "random_seed", "random_bits", "threefry2x32", "empty2", "debug_print", "debug_callback"])
 
 _ELEMENTWISE = frozenset(["add", "add_any", "sub", "mul", "div", "neg", "abs", "sign", "floor", "ceil", "round", "max", "min", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "lgamma", "digamma", "is_finite", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "rem", "nextafter", "clamp", "scatter-add", "scatter", "scatter_add", "select_and_scatter_add", "population_count", "clz", "conj"])
 
 _REDUCTIONS = frozenset(["reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "reduce_xor", "reduce_window_max", "reduce_window_min", "reduce_window_sum", "reduce_window", "select_and_gather_add"])
+
+#: Collectives and the factor on their bytes (2 for all-reduces: reduce-scatter, then
+#: all-gather). ``sharding_constraint`` is left out: what it costs depends on the
+#: sharding the compiler picks for its operand, unknown here.
+COLLECTIVES = {
+    "psum": 2, "psum_invariant": 2, "pmax": 2, "pmin": 2, "unreduced_psum": 2,
+    "all_gather": 1, "all_gather_invariant": 1, "all_gather_reduced": 1,
+    "reduce_scatter": 1, "unreduced_reduce_scatter": 1, "all_to_all": 1,
+    "ragged_all_to_all": 1, "ppermute": 1, "pbroadcast": 1, "reshard": 1,
+}
+
+#: FLOPs one byte of communication is worth: TPU v5e's peak bf16 rate (1.97e14 FLOP/s)
+#: over its interconnect bandwidth per chip and direction (4.5e10 bytes/s per ICI link;
+#: "How to Scale Your Model", jax-ml.github.io/scaling-book, chapter "All About TPUs").
+FLOPS_PER_COMM_BYTE = 4400
 
 _warned: set[str] = set()
 
@@ -43,6 +68,29 @@ def moves_data(name: str) -> bool:
     """Whether ``name`` moves or relayouts data without arithmetic (no FLOPs, but memory
     traffic when recomputed)."""
     return name in _FREE
+
+
+def comm_bytes(name: str, in_avals: list, out_avals: list) -> int:
+    """Bytes collective ``name`` moves (the bound of the module doc); 0 for other ops."""
+    factor = COLLECTIVES.get(name, 0)
+    if not factor or (name == "reshard" and _spec(in_avals[0]) == _spec(out_avals[0])):
+        return 0
+    size = lambda avals: sum(_size(a) * _itemsize(a) for a in avals)
+    return factor * max(size(in_avals), size(out_avals))
+
+
+def manual_devices(params: dict) -> int:
+    """Devices a ``shard_map`` with ``params`` runs its body on (one copy each)."""
+    return math.prod(params["mesh"].shape[a] for a in params["newly_manual_axes"])
+
+
+def _spec(aval: Any) -> Any:
+    return getattr(getattr(aval, "sharding", None), "spec", None)
+
+
+def _itemsize(aval: Any) -> int:
+    dtype = getattr(aval, "dtype", None)
+    return getattr(dtype, "itemsize", 0) if dtype is not None else 0
 
 
 def _size(aval: Any) -> int:
@@ -78,9 +126,13 @@ def eqn_flops(name: str, params: dict, in_avals: list, out_avals: list) -> int:
         return max(jaxpr_flops(b.jaxpr) for b in params["branches"])
     if name == "while":
         return jaxpr_flops(_sub(params, "body_jaxpr")) + jaxpr_flops(_sub(params, "cond_jaxpr"))
+    if name == "shard_map":
+        return manual_devices(params) * jaxpr_flops(_sub(params, "jaxpr"))
     for key in ("jaxpr", "call_jaxpr"):
         if key in params:
             return jaxpr_flops(_sub(params, key))
+    if name in COLLECTIVES:
+        return FLOPS_PER_COMM_BYTE * comm_bytes(name, in_avals, out_avals)
     if name in _FREE:
         return 0
     if name in _ELEMENTWISE:

@@ -21,13 +21,15 @@ hide behind compute, as FLOPs at the target's peak rate::
 
 (copied out in the forward pass and back in the backward pass).
 
-What the TPU compiler does (libtpu 0.0.42 with jax 0.10.2, checked ahead of time for v5e):
-under ``scan`` each iteration's residual is copied to host and back within its iteration,
-and the device peak falls as modelled; in unrolled code the scheduler issues the copies to
-host only after the whole forward pass, so offloading there saves no device memory (which
-is why :attr:`OffloadConfig.regions` defaults to ``"scan"``). Without a memory limit the
-scheduler also prefetches the copies back early; compile with ``xla_tpu_max_hbm_size_mib``
-(:func:`autoremat.fits`) to judge an offloading plan, not with the unconstrained peak.
+What the TPU compiler does (libtpu 0.0.42 with jax 0.10.2, checked ahead of time for v5e;
+``bench/results/offload.md``): under ``scan`` each iteration's residual is written into a
+stacked buffer in host memory (an asynchronous ``dynamic-update-slice`` in the loop body)
+and read back in the backward loop; the host bytes equal the planned ones and the device
+peak follows the model as closely as for recompute-only plans. In unrolled code the
+scheduler issues the copies to host only after the whole forward pass (and, without a
+memory limit, prefetches them back early), so offloading there saves no device memory:
+:attr:`OffloadConfig.regions` defaults to ``"scan"``. With ``jax_remat3`` on, jax 0.10.2
+ignores offload in policies and recomputes those values instead (gradients are unchanged).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from autoremat_solvers import policy as policy_model
 from autoremat_solvers.milp import MilpStatus, Progress
 
@@ -193,6 +194,13 @@ def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
     return graph.fixed_bytes + int(parsed * (no_remat_peak - graph.fixed_bytes))
 
 
+def _lower_bound(problem: policy_model.PolicyProblem) -> int:
+    """A peak no plan goes below: what every plan holds (the values it must save and the
+    bytes in use whatever the plan), nothing recomputed."""
+    nothing = np.zeros(problem.num_values, dtype=bool)
+    return int(policy_model.stage_bytes(problem, problem.must_save, nothing).max())
+
+
 def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: Budget, *,
               time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
               offload: OffloadConfig | None = None, progress: Progress | None = None
@@ -208,6 +216,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     share = time_limit_s / len(candidates)
     best: Plan | None = None
     floors: list[int] = []
+    below: list[policy_model.PolicyProblem] = []
     spent = 0.0
     budget_bytes = 0
     for k, cuts in enumerate(candidates):
@@ -221,6 +230,9 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
         if budget_bytes >= baseline.peak_bytes:
             # Saving everything fits, and recomputes nothing that can be saved: optimal.
             d = baseline
+        elif budget_bytes < _lower_bound(problem):
+            below.append(problem)
+            continue
         else:
             result = policy_model.solve(problem, budget_bytes, time_limit_s=share,
                                         backends=backends, progress=progress)
@@ -245,8 +257,11 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
             break
     if best is not None:
         return dataclasses.replace(best, solve_seconds=spent)
-    if len(floors) == len(candidates):
-        raise InfeasibleBudgetError(budget_bytes, min(floors))
+    if len(floors) + len(below) == len(candidates):
+        lowest = [policy_model.solve_min_peak(p, time_limit_s=share) for p in below]
+        floors += [r.peak for r in lowest if r.save is not None]
+        if floors:
+            raise InfeasibleBudgetError(budget_bytes, min(floors))
     raise SolverTimeoutError(
         f"the solver found no plan within {time_limit_s} s for a budget of "
         f"{format_bytes(budget_bytes)}; raise time_limit_s or the budget.")
@@ -269,7 +284,7 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
       time_limit_s: stop the solver after this long with the best plan found (its status
         is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
       backends: MIP backends tried in turn within the time limit, from ``"HIGHS"``,
-        ``"SCIP"`` and ``"CBC"`` (OR-tools'; HiGHS through highspy when it is installed).
+        ``"SCIP"`` and ``"CBC"`` (HiGHS through highspy, the others through OR-tools).
       verify: a target of :mod:`autoremat._measure` (``"tpu-v5e"``, ``"tpu-v4"``, ...,
         ``"gpu"``): the closed loop. The planned step is compiled for the target; while the
         compiler's peak exceeds the budget, the model's budget is lowered by the excess

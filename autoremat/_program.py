@@ -3,7 +3,10 @@
 :func:`flatten` turns a closed jaxpr into a :class:`Program`: nested ``jit``,
 ``closed_call`` and existing ``checkpoint`` calls are inlined, every value gets an
 integer id, and each top-level ``scan`` keeps its body as a :class:`ScanBody` so that
-it can become one remat region per iteration. :func:`run_region` re-binds a region's
+it can become one remat region per iteration. A ``shard_map`` keeps its body as a
+:class:`ShardBody`, whose values (per-device shapes) are planned like any other: they are
+named inside the body, and ``jax.checkpoint`` around the region saves them as per-device
+residuals. :func:`run_region` re-binds a region's
 equations through JAX, wrapping chosen values in
 :func:`jax.ad_checkpoint.checkpoint_name`; it is shared by the tracer (to ask JAX
 which values the backward pass reads) and by the rewriter (to emit the optimized
@@ -50,6 +53,7 @@ class Eqn:
     source_info: Any
     ctx: Any
     scan_body: ScanBody | None = None  # set for top-level scans only
+    shard_body: ShardBody | None = None  # set for shard_maps
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -62,6 +66,15 @@ class ScanBody:
     eqns: tuple[Eqn, ...]
     carry_out: tuple[Atom, ...]
     ys_out: tuple[Atom, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShardBody:
+    """The body of a ``shard_map``, flattened: its values have per-device shapes."""
+
+    ins: tuple[int, ...]
+    eqns: tuple[Eqn, ...]
+    outs: tuple[Atom, ...]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -84,6 +97,15 @@ class Program:
     consts: Mapping[int, Any]
     eqns: tuple[Eqn, ...]
     outs: tuple[Atom, ...]
+    # The shardings inlined ``jit`` calls put on values (``in_shardings``/``out_shardings``).
+    call_shardings: tuple[tuple[int, Any], ...] = ()
+    # Per-device bytes by value id (see autoremat._sharding); absent ids have full size.
+    sizes: Mapping[int, int] = dataclasses.field(default_factory=dict)
+
+    def value_bytes(self, value_id: int) -> int:
+        """Bytes one device holds of value ``value_id``."""
+        size = self.sizes.get(value_id)
+        return nbytes(self.avals[value_id]) if size is None else size
 
 
 def flatten(closed: jax_core.ClosedJaxpr) -> Program:
@@ -91,6 +113,7 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
     counter = itertools.count()
     avals: dict[int, jax_core.ShapedArray] = {}
     consts: dict[int, Any] = {}
+    call_shardings: list[tuple[int, Any]] = []
 
     def fresh(aval: jax_core.AbstractValue) -> int:
         i = next(counter)
@@ -113,19 +136,31 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
             if name in _INLINED:
                 sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
                 sub_jaxpr, sub_consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
-                env.update(zip(eqn.outvars, walk(sub_jaxpr, sub_consts, ins, top, out)))
+                sub_outs = walk(sub_jaxpr, sub_consts, ins, top, out)
+                env.update(zip(eqn.outvars, sub_outs))
+                call_shardings.extend(_call_shardings(eqn.params, ins, sub_outs))
                 continue
             outs = tuple(fresh(v.aval) for v in eqn.outvars)
             env.update(zip(eqn.outvars, outs))
             body = _flatten_scan_body(eqn, fresh, walk) if (top and name == "scan") else None
+            shard_body = _flatten_shard_body(eqn, fresh, walk) if name == "shard_map" else None
             out.append(Eqn(eqn.primitive, eqn.params, tuple(ins), outs, eqn.source_info,
-                           eqn.ctx, body))
+                           eqn.ctx, body, shard_body))
         return [read(v) for v in jaxpr.outvars]
 
     args = tuple(fresh(v.aval) for v in closed.jaxpr.invars)
     eqns: list[Eqn] = []
     outs = walk(closed.jaxpr, closed.consts, args, True, eqns)
-    return Program(avals, args, consts, _live(eqns, outs), tuple(outs))
+    return Program(avals, args, consts, _live(eqns, outs), tuple(outs), tuple(call_shardings))
+
+
+def _call_shardings(params: Mapping[str, Any], ins: Sequence[Atom], outs: Sequence[Atom]
+                    ) -> list[tuple[int, Any]]:
+    """``(value id, sharding)`` for the operands and results a ``jit`` call shards."""
+    pairs = [*zip(ins, params.get("in_shardings", ())),
+             *zip(outs, params.get("out_shardings", ()))]
+    return [(a, s) for a, s in pairs
+            if isinstance(a, int) and isinstance(s, jax.sharding.Sharding)]
 
 
 def _live(eqns: Sequence[Eqn], outs: Sequence[Atom]) -> tuple[Eqn, ...]:
@@ -155,6 +190,14 @@ def _flatten_scan_body(eqn: Any, fresh: Callable, walk: Callable) -> ScanBody:
         carry_out=tuple(outs[:n_carry]),
         ys_out=tuple(outs[n_carry:]),
     )
+
+
+def _flatten_shard_body(eqn: Any, fresh: Callable, walk: Callable) -> ShardBody:
+    body = eqn.params["jaxpr"]
+    ids = [fresh(v.aval) for v in body.invars]
+    body_eqns: list[Eqn] = []
+    outs = walk(body, (), ids, False, body_eqns)
+    return ShardBody(ins=tuple(ids), eqns=tuple(body_eqns), outs=tuple(outs))
 
 
 def split_regions(program: Program, cuts: Sequence[int]) -> tuple[Segment, ...]:
@@ -238,6 +281,8 @@ def _run_eqns(eqns: Sequence[Eqn], env: dict[int, Any], consts: Mapping[int, Any
         invals = [_read(a, env, consts) for a in eqn.ins]
         if eqn.scan_body is not None:
             outs = _run_scan(eqn, invals, consts, named, scan_policy)
+        elif eqn.shard_body is not None:
+            outs = _run_shard_map(eqn, invals, consts, named)
         else:
             outs = _bind(eqn, invals)
         for i, val in zip(eqn.outs, outs):
@@ -271,6 +316,22 @@ def _run_scan(eqn: Eqn, invals: list, consts: Mapping[int, Any], named: frozense
     carry, ys = jax.lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"],
                              unroll=p["unroll"])
     return [*carry, *ys]
+
+
+def _run_shard_map(eqn: Eqn, invals: list, consts: Mapping[int, Any],
+                   named: frozenset[int]) -> list:
+    """Runs a ``shard_map`` again through :func:`jax.shard_map`, naming body values."""
+    body, p = eqn.shard_body, eqn.params
+
+    def fn(*local: Any) -> tuple:
+        env = dict(zip(body.ins, local))
+        _run_eqns(body.eqns, env, consts, named, None)
+        return tuple(_read(a, env, consts) for a in body.outs)
+
+    mapped = jax.shard_map(fn, mesh=p["mesh"], in_specs=p["in_specs"],
+                           out_specs=p["out_specs"], axis_names=p["newly_manual_axes"],
+                           check_vma=p["check_vma"])
+    return list(mapped(*invals))
 
 
 def region_fn(program: Program, region: Segment, named: frozenset[int],

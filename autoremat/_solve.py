@@ -1,7 +1,9 @@
 """Solving: a :class:`Graph` and a budget to save/recompute decisions.
 
 The graph is stated as an :class:`autoremat_solvers.policy.PolicyProblem` (memory model
-below) and solved as an integer program through OR-tools.
+below) and solved as an integer program (HiGHS through highspy, then SCIP through OR-tools
+if HiGHS proves nothing in its share of the time). The regions are fixed here; :func:`autoremat.plan` solves each
+candidate placement of them (:func:`autoremat._trace.placements`) and keeps the cheapest.
 
 Memory model. Regions are numbered in program order; the backward visits them in
 reverse. At region ``i``'s stage the bytes in use are:

@@ -9,6 +9,8 @@ import pytest
 from jax._src.ad_checkpoint import saved_residuals
 
 import autoremat
+from autoremat import _rewrite, _solve, _trace
+from autoremat_solvers import policy as policy_model
 from tests.models import MODELS
 
 
@@ -169,3 +171,27 @@ def test_policy_saves_exactly_the_plan_names():
         assert plan.policy(name_p, aval, name=f"autoremat.v{i}")
     for i in plan.recomputed:
         assert not plan.policy(name_p, aval, name=f"autoremat.v{i}")
+
+
+def test_placement_search_keeps_the_cheapest_placement_and_the_lowest_floor():
+    loss, args = MODELS["gpt2_unrolled"]()
+    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
+    program = _trace.trace_program(flat_fn, avals)
+    candidates = _trace.placements(program)
+    assert candidates[0] == _trace.segment_cuts(program) and len(set(candidates)) >= 2
+    problems = [_solve.to_problem(_trace.graph_of(program, cuts)[1]) for cuts in candidates]
+    floors = [policy_model.solve_min_peak(p).peak for p in problems]
+    floor = _floor(loss, args)
+    assert floor == min(floors)
+    lowest = autoremat.plan(loss, *args, budget=floor)
+    assert floors[candidates.index(lowest.cuts)] == floor
+    # A coarse placement's plan is applied as planned.
+    optimized = lowest.apply(loss)
+    for g0, g1 in zip(_grads(loss, args), _grads(optimized, args), strict=True):
+        _assert_close(g0, g1)
+    assert lowest.saved_bytes == _actual_saved_bytes(optimized, args)
+    # At a middle budget no placement is cheaper than the chosen one.
+    budget = _mid_budget(loss, args)
+    chosen = autoremat.plan(loss, *args, budget=budget)
+    costs = [policy_model.solve(p, chosen.budget_bytes).cost for p in problems]
+    assert chosen.recompute_flops <= min(costs) * (1 + 1e-3)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from autoremat_solvers import milp
 
 import autoremat
 from autoremat import zoo
@@ -22,8 +21,7 @@ def test_plan_reports_the_solvers_progress_and_makes_the_same_plan():
         assert elapsed >= 0 and math.isfinite(best) and best >= bound
     # The objective is the recomputed FLOPs and small tie-breaks (see autoremat._solve).
     assert min(best for _, best, _ in calls) == pytest.approx(plan.recompute_flops, rel=0.05)
-    if milp._highspy() is not None:  # HiGHS reports its better plans as it finds them
-        assert len({best for _, best, _ in calls}) > 2
+    assert len({best for _, best, _ in calls}) > 2  # HiGHS reports better plans as found
 
 
 def test_an_exception_in_progress_stops_planning():

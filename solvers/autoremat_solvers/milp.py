@@ -5,23 +5,23 @@ constraint matrix, bounds) and hands it to :func:`solve_milp`. Building models f
 arrays instead of Python expression objects keeps model construction linear-time and
 fast (about 50x faster at 100k variables, see ``shared/notes/remat-facts.md`` §4).
 
-Backends are the MIP solvers bundled with OR-tools' ``pywraplp``: ``"HIGHS"`` (default),
-``"SCIP"`` and ``"CBC"``. ``"HIGHS"`` is called through highspy instead when it is
-installed: the same solver, which then reports its progress (best solution and bound) while
-it searches. All run single-threaded, so results are deterministic for a given
-installation (a time limit that stops a search aside).
+Backends: ``"HIGHS"`` (default) through highspy, which reports its progress (best
+solution and bound) while it searches and, measured on the zoo's tiny models, solved 35
+budgets to the same costs as OR-tools' bundled (older) HiGHS, several times faster
+(gpt2-small-tiny 31.7 s -> 8.3 s in all); ``"SCIP"`` and ``"CBC"`` through OR-tools'
+``pywraplp``. All run single-threaded, so results are deterministic for given solver
+versions (a time limit that stops a search aside).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import math
 import time
 from collections.abc import Callable
-from types import ModuleType
 
+import highspy
 import numpy as np
 import scipy.sparse as sp
 from ortools.linear_solver import linear_solver_pb2, pywraplp
@@ -140,9 +140,8 @@ def solve_milp(
     Returns:
       A :class:`MilpResult`; ``x`` is rounded for integer variables.
     """
-    highspy = _highspy() if backend == "HIGHS" else None
-    if highspy is not None:
-        result = _solve_highspy(highspy, milp, time_limit_s, relative_gap, progress)
+    if backend == "HIGHS":
+        result = _solve_highspy(milp, time_limit_s, relative_gap, progress)
     else:
         result = _solve_ortools(milp, backend, time_limit_s, relative_gap)
     if progress is not None and result.x is not None:
@@ -150,16 +149,7 @@ def solve_milp(
     return result
 
 
-@functools.cache
-def _highspy() -> ModuleType | None:
-    try:
-        import highspy
-    except ImportError:
-        return None
-    return highspy
-
-
-def _solve_highspy(highspy: ModuleType, milp: Milp, time_limit_s: float | None,
+def _solve_highspy(milp: Milp, time_limit_s: float | None,
                    relative_gap: float, progress: Progress | None) -> MilpResult:
     # The raw binding: the public ``highspy.Highs`` prints HiGHS's banner on stdout when
     # it is made, before output can be switched off.
@@ -169,11 +159,11 @@ def _solve_highspy(highspy: ModuleType, milp: Milp, time_limit_s: float | None,
     h.setOptionValue("mip_rel_gap", float(relative_gap))
     if time_limit_s is not None:
         h.setOptionValue("time_limit", max(1e-3, float(time_limit_s)))
-    h.passModel(_to_highs_lp(highspy, milp))
+    h.passModel(_to_highs_lp(milp))
     start = time.perf_counter()
     errors: list[BaseException] = []
     if progress is not None:
-        _report_progress(highspy, h, progress, start, errors)
+        _report_progress(h, progress, start, errors)
     h.run()
     wall_s = time.perf_counter() - start
     if errors:
@@ -194,7 +184,7 @@ def _solve_highspy(highspy: ModuleType, milp: Milp, time_limit_s: float | None,
     return MilpResult(MilpStatus.FEASIBLE, x, objective, bound, wall_s)
 
 
-def _to_highs_lp(highspy: ModuleType, milp: Milp) -> object:
+def _to_highs_lp(milp: Milp) -> object:
     A = milp.A.tocsc()
     A.sort_indices()
     lp = highspy.HighsLp()
@@ -214,7 +204,7 @@ def _to_highs_lp(highspy: ModuleType, milp: Milp) -> object:
     return lp
 
 
-def _report_progress(highspy: ModuleType, h: object, progress: Progress, start: float,
+def _report_progress(h: object, progress: Progress, start: float,
                      errors: list[BaseException]) -> None:
     """Calls ``progress`` from HiGHS's callbacks: at each better solution, and at most every
     :data:`_PROGRESS_INTERVAL_S` otherwise. An exception (Ctrl-C included) interrupts the
