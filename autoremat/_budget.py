@@ -22,7 +22,7 @@ def parse_budget(budget: Budget) -> int | float:
       ValueError: ``budget`` is malformed or not positive; the message lists the forms.
     """
     if isinstance(budget, bool):
-        raise ValueError(f"budget {budget!r} is a bool; expected {ACCEPTED_FORMS}")
+        raise ValueError(f"budget {budget!r} is a bool; expected {ACCEPTED_FORMS}")  # noqa: TRY004
     if isinstance(budget, numbers.Integral):
         if budget <= 0:
             raise ValueError(f"budget {budget!r} is not positive; expected {ACCEPTED_FORMS}")

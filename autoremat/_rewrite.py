@@ -17,7 +17,7 @@ from typing import Any
 import jax
 from jax._src import core as jax_core
 
-from autoremat import _program
+from autoremat import _program, _sharding
 from autoremat._trace import fingerprint_of
 
 
@@ -47,10 +47,12 @@ def flat_function(fn: Callable, args: tuple, kwargs: dict
 
 def leaf_aval(x: Any) -> jax.ShapeDtypeStruct:
     """The abstract value JAX traces the argument leaf ``x`` as, weak type included (a
-    Python scalar is weakly typed, so that ``bf16_array * 0.5`` stays bfloat16). A leaf
-    JAX cannot trace (a string, a function) raises JAX's own ``TypeError``."""
+    Python scalar is weakly typed, so that ``bf16_array * 0.5`` stays bfloat16), and its
+    sharding over a mesh, if any (:func:`autoremat._sharding.leaf_sharding`). A leaf JAX
+    cannot trace (a string, a function) raises JAX's own ``TypeError``."""
     aval = jax_core.shaped_abstractify(x)
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,
+                                sharding=_sharding.leaf_sharding(x, aval))
 
 
 def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, cuts: Sequence[int],

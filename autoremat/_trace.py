@@ -28,7 +28,7 @@ from jax._src import config as jax_config
 from jax._src import core as jax_core
 from jax._src import source_info_util
 
-from autoremat import _program
+from autoremat import _program, _sharding
 from autoremat._cost import eqn_flops, fuses_cotangent, fusible, jaxpr_flops
 from autoremat._graph import Graph, Region, Value
 from autoremat._program import Atom, Eqn, Program, Segment
@@ -61,11 +61,11 @@ def segment_cuts(program: Program) -> tuple[int, ...]:
                 last_use[a] = i
         for o in e.outs:
             born[o] = i
-            produced[i] += _program.nbytes(program.avals[o])
+            produced[i] += program.value_bytes(o)
     for o, i in born.items():
         if o in last_use:
-            crossing[i + 1] += _program.nbytes(program.avals[o])
-            crossing[last_use[o] + 1] -= _program.nbytes(program.avals[o])
+            crossing[i + 1] += program.value_bytes(o)
+            crossing[last_use[o] + 1] -= program.value_bytes(o)
     crossing = np.cumsum(crossing)
     lo, hi = max(1, n // 10), max(2, n - n // 10)
     threshold = 1.5 * max(1, int(crossing[lo:hi].min()))
@@ -115,20 +115,40 @@ def _residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
     for var in jaxpr.outvars:
         if isinstance(var, jax_core.Literal):
             continue
-        name = None
-        while var in producer and producer[var].primitive.name in _PASS_THROUGH:
-            eqn = producer[var]
-            if eqn.primitive.name == "name":
-                name = eqn.params["name"]
-                break
-            var = eqn.invars[0]
+        name, var = _origin(var, producer)
         if name is not None:
             names.add(name)
         elif var in arg_index:
             args.add(arg_index[var])
-        elif var not in producer or producer[var].primitive.name != "name":
+        else:
             other += _program.nbytes(var.aval)
     return names, args, other
+
+
+def _origin(var: Any, producer: dict) -> tuple[str | None, Any]:
+    """The name behind the residual ``var`` (or None) and the variable it comes from,
+    looking through no-op markers and into ``shard_map`` bodies (JAX saves a body's
+    per-device values as extra outputs of the ``shard_map``)."""
+    outer: list[tuple[Any, dict]] = []  # the shard_maps entered, and their producers
+    while True:
+        eqn = producer.get(var)
+        if eqn is None and outer and var in outer[-1][0].params["jaxpr"].invars:
+            eqn, producer = outer.pop()
+            var = eqn.invars[eqn.params["jaxpr"].invars.index(var)]
+            continue
+        if eqn is None or isinstance(var, jax_core.Literal):
+            return None, var
+        if eqn.primitive.name == "name":
+            return eqn.params["name"], var
+        if eqn.primitive.name in _PASS_THROUGH:
+            var = eqn.invars[0]
+        elif eqn.primitive.name == "shard_map":
+            body = eqn.params["jaxpr"]
+            outer.append((eqn, producer))
+            var = body.outvars[eqn.outvars.index(var)]
+            producer = {v: e for e in body.eqns for v in e.outvars}
+        else:
+            return None, var
 
 
 def _step_flops(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
@@ -142,8 +162,8 @@ def _step_flops(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
     return jaxpr_flops(jax.make_jaxpr(step)(*avals).jaxpr)
 
 
-def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int], avals: dict,
-                free: set[int]) -> int:
+def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int],
+                value_bytes: Callable[[int], int], free: set[int]) -> int:
     """Peak bytes live in one pass over ``eqns``, each value freed after its last read.
 
     Values in ``kept`` (read after the region) live to the end. Other outputs of
@@ -157,7 +177,7 @@ def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int], aval
             if isinstance(a, int):
                 last[a] = i
     fused = {o for e in eqns if fusible(e.primitive.name) for o in e.outs if o not in kept}
-    size = lambda i: 0 if i in free or i in fused else _program.nbytes(avals[i])
+    size = lambda i: 0 if i in free or i in fused else value_bytes(i)
     live = {i for i in inputs if i in last}
     cur = peak = sum(size(i) for i in live)
     for i, e in enumerate(eqns):
@@ -172,7 +192,7 @@ def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int], aval
     return peak
 
 
-def _cotangent_bytes(eqns: Sequence[Eqn], later: set[int], avals: dict,
+def _cotangent_bytes(eqns: Sequence[Eqn], later: set[int], value_bytes: Callable[[int], int],
                      differentiable: set[int]) -> int:
     """Peak bytes of cotangents live in one backward pass over ``eqns`` (in reverse).
 
@@ -183,7 +203,7 @@ def _cotangent_bytes(eqns: Sequence[Eqn], later: set[int], avals: dict,
     """
     materialized = set(later) | {a for e in eqns if not fuses_cotangent(e.primitive.name)
                                  for a in e.ins if isinstance(a, int)}
-    size = lambda i: _program.nbytes(avals[i]) if i in materialized else 0
+    size = lambda i: value_bytes(i) if i in materialized else 0
     live = {o for o in later if o in differentiable}
     cur = peak = sum(size(i) for i in live)
     for e in reversed(eqns):
@@ -209,6 +229,9 @@ def _differentiable(program: Program) -> set[int]:
                 out.update(i for i in (*body.carry_in, *body.xs_in) if _is_float(program.avals[i]))
                 out.update(c for c, o in zip(body.consts, e.ins) if o in out)
                 visit(body.eqns)
+            if e.shard_body is not None:
+                out.update(b for b, o in zip(e.shard_body.ins, e.ins) if o in out)
+                visit(e.shard_body.eqns)
             if e.primitive.name != "stop_gradient" and any(a in out for a in e.ins
                                                            if isinstance(a, int)):
                 out.update(o for o in e.outs if _is_float(program.avals[o]))
@@ -221,7 +244,7 @@ def _grad_bytes_by_region(program: Program, regions: Sequence[Segment]) -> list[
     """Bytes of argument gradients that exist at each region's backward stage: an
     argument's gradient appears at the backward of the last region reading it."""
     last = {a: r.index for r in regions for e in r.eqns for a in e.ins if isinstance(a, int)}
-    grads = [(last.get(a, len(regions)), _program.nbytes(program.avals[a]))
+    grads = [(last.get(a, len(regions)), program.value_bytes(a))
              for a in program.args if _is_float(program.avals[a])]
     return [sum(b for r, b in grads if r >= i) for i in range(len(regions))]
 
@@ -234,7 +257,9 @@ def _source(eqn: Eqn) -> str:
 
 
 def _avals(ids: Sequence[int], avals: dict) -> list[jax.ShapeDtypeStruct]:
-    return [jax.ShapeDtypeStruct(avals[i].shape, avals[i].dtype) for i in ids]
+    return [jax.ShapeDtypeStruct(avals[i].shape, avals[i].dtype,
+                                 sharding=_sharding.leaf_sharding(None, avals[i]))
+            for i in ids]
 
 
 def _is_float(aval: Any) -> bool:
@@ -263,6 +288,10 @@ def _signature(region: Segment, avals: dict) -> tuple[str, dict[int, int]]:
                 for v in (*body.consts, *body.carry_in, *body.xs_in):
                     local.setdefault(v, len(local))
                 visit(body.eqns)
+            if e.shard_body is not None:
+                for v in e.shard_body.ins:
+                    local.setdefault(v, len(local))
+                visit(e.shard_body.eqns)
 
     visit(region.eqns)
     parts.append(",".join(atom(o) for o in region.outputs))
@@ -334,10 +363,11 @@ def _warn_unplanned(nbytes: int, region: Segment) -> None:
 
 def trace_program(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> Program:
     """The flattened forward program of ``flat_fn`` (flat array arguments to a flat list
-    of outputs), checked for side effects a remat region cannot replay."""
+    of outputs), checked for side effects a remat region cannot replay, with per-device
+    sizes from the avals' shardings (:mod:`autoremat._sharding`)."""
     program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
     _check_effects(program.eqns)
-    return program
+    return _sharding.localize(program, [getattr(a, "sharding", None) for a in avals])
 
 
 def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
@@ -393,7 +423,7 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
             inputs: Sequence[Atom], saveable: bool, recomputable: bool) -> None:
         aval = program.avals[vid]
         records[vid] = {
-            "id": vid, "shape": tuple(aval.shape), "dtype": str(aval.dtype), "nbytes": _program.nbytes(aval),
+            "id": vid, "shape": tuple(aval.shape), "dtype": str(aval.dtype), "nbytes": program.value_bytes(vid),
             "multiplicity": mult, "primitive": primitive, "source": source, "flops": flops, "region": region,
             "inputs": tuple(dict.fromkeys(a for a in inputs if isinstance(a, int) and a not in free)),
             "saveable": saveable, "recomputable": recomputable, "needed": False}
@@ -401,6 +431,9 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
     def add_eqns(eqns: Sequence[Eqn], region: int, mult: int, alias: dict[int, Atom]) -> None:
         for e in eqns:
             ins = [alias.get(a, a) if isinstance(a, int) else a for a in e.ins]
+            if e.shard_body is not None:
+                add_shard_map(e, ins, region, mult, alias)
+                continue
             in_avals = [program.avals[a] if isinstance(a, int) else a.aval
                         for a in e.ins]
             flops = eqn_flops(e.primitive.name, e.params, in_avals, [program.avals[o] for o in e.outs])
@@ -411,15 +444,28 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
             if e.primitive.name == "name" and not _program.is_value_name(e.params["name"]):
                 records[e.outs[0]]["user_name"] = e.params["name"]
 
+    def add_shard_map(e: Eqn, ins: Sequence[Atom], region: int, mult: int,
+                      alias: dict[int, Atom]) -> None:
+        """A ``shard_map``'s body values (per device), and its results, computed from the
+        body's for free (recomputing one re-runs the body's share of the work)."""
+        body = e.shard_body
+        inner = {**alias, **dict(zip(body.ins, ins))}
+        add_eqns(body.eqns, region, mult, inner)
+        for o, b in zip(e.outs, body.outs):
+            add(o, region, mult, e.primitive.name, _source(e), 0,
+                [inner.get(b, b)] if isinstance(b, int) else [], saveable=True,
+                recomputable=True)
+
     for r in regions:
         if r.kind == "segment":
             add_eqns(r.eqns, r.index, 1, {})
-            named = frozenset(o for e in r.eqns for o in e.outs)
+            named = frozenset(_produced(r.eqns))
             fn = _program.region_fn(program, r, named, _program.policy_for(named))
             arg_pos = mark_needed(fn, r.inputs, r)
             needed_across.update(r.inputs[k] for k in arg_pos)
-            work = _work_bytes(r.eqns, r.inputs, set(r.outputs), program.avals, free)
-            cotangents = _cotangent_bytes(r.eqns, set(r.outputs), program.avals, differentiable)
+            work = _work_bytes(r.eqns, r.inputs, set(r.outputs), program.value_bytes, free)
+            cotangents = _cotangent_bytes(r.eqns, set(r.outputs), program.value_bytes,
+                                          differentiable)
             region_infos.append(Region(r.index, "segment", 1, work, cotangents,
                                        grad_bytes[r.index]))
             continue
@@ -444,11 +490,11 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
                 invariant.update(e.outs)
                 for o in e.outs:
                     records[o]["multiplicity"] = 1
-        named = frozenset(o for e in body.eqns for o in e.outs)
+        named = frozenset(_produced(body.eqns))
         step = jax.checkpoint(_program.scan_body_fn(body, program.consts, named),
                               policy=_program.policy_for(named), prevent_cse=False)
         groups = (body.consts, body.carry_in, body.xs_in)
-        arg_pos = mark_needed(lambda *flat: step(*_split(flat, groups)),
+        arg_pos = mark_needed(lambda *flat, step=step, groups=groups: step(*_split(flat, groups)),
                               [*body.consts, *body.carry_in, *body.xs_in], r)
         flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
         for k in arg_pos:
@@ -458,9 +504,9 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
             elif isinstance(vid, int):
                 needed_across.add(vid)
         kept = {a for a in (*body.carry_out, *body.ys_out) if isinstance(a, int)}
-        work = _work_bytes(body.eqns, [*body.carry_in, *body.xs_in], kept, program.avals,
+        work = _work_bytes(body.eqns, [*body.carry_in, *body.xs_in], kept, program.value_bytes,
                            free | set(body.consts) | set(body.xs_in))
-        cotangents = _cotangent_bytes(body.eqns, kept, program.avals, differentiable)
+        cotangents = _cotangent_bytes(body.eqns, kept, program.value_bytes, differentiable)
         region_infos.append(Region(r.index, "scan", length, work, cotangents,
                                    grad_bytes[r.index]))
 
@@ -470,17 +516,23 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
             needed_across.update(rec["inputs"])
     values = tuple(Value(**rec, needed_across=vid in needed_across)
                    for vid, rec in sorted(records.items()))
-    arg_avals = [program.avals[a] for a in program.args]
     graph = Graph(
         values=values,
         regions=tuple(region_infos),
-        arg_bytes=sum(_program.nbytes(a) for a in arg_avals),
-        grad_bytes=sum(_program.nbytes(a) for a in arg_avals if _is_float(a)),
+        arg_bytes=sum(map(program.value_bytes, program.args)),
+        grad_bytes=sum(program.value_bytes(a) for a in program.args
+                       if _is_float(program.avals[a])),
         step_flops=step_flops,
         fingerprint=fingerprint_of(program),
         cuts=tuple(cuts),
     )
-    return regions, graph
+    return regions, _sharding.per_device_flops(graph, program)
+
+
+def _produced(eqns: Sequence[Eqn]) -> list[int]:
+    """Ids ``eqns`` produce, those of ``shard_map`` bodies included."""
+    return [o for e in eqns
+            for o in (*e.outs, *(_produced(e.shard_body.eqns) if e.shard_body else ()))]
 
 
 def _split(flat: Sequence[Any], groups: Sequence[Sequence[int]]) -> list[list[Any]]:

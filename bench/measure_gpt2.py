@@ -62,8 +62,8 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def table(rows: list[Row]) -> str:
     """The rows as a markdown table."""
-    lines = ["| variant | predicted peak MiB | real peak MiB | predicted/real | "
-             "predicted GFLOP | real GFLOP | predicted overhead | real overhead | compile s |",
+    lines = [("| variant | predicted peak MiB | real peak MiB | predicted/real | "
+              "predicted GFLOP | real GFLOP | predicted overhead | real overhead | compile s |"),
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         pred = None if r.predicted_peak_bytes is None else r.predicted_peak_bytes / MIB

@@ -284,8 +284,8 @@ def test_unknown_primitive_gets_a_conservative_cost_and_a_warning(monkeypatch, n
         plan = autoremat.plan(loss, W, X, budget=1.0)
     # (A JAX primitive's derivative may bring more unknown primitives: one warning each.)
     messages = [str(r.message) for r in record if f"primitive {name!r}" in str(r.message)]
-    assert messages == [f"autoremat has no cost model for primitive {name!r}; assuming a "
-                        "conservative 10 FLOPs per element read or written."]
+    assert messages == [(f"autoremat has no cost model for primitive {name!r}; assuming a "
+                         "conservative 10 FLOPs per element read or written.")]
     (value,) = [v for v in plan.graph.values if v.primitive == name]
     assert value.flops == 10 * (X.size + X.size)  # ten FLOPs per element in and out
     _close(jax.grad(plan.apply(loss))(W, X), jax.grad(loss)(W, X))

@@ -29,6 +29,7 @@ tests/test_fuzz.py -s`` runs 500 programs and prints the counts of programs and 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 import traceback
 import warnings
@@ -169,7 +170,7 @@ def layouts(draw: st.DrawFn, labels: list[str], depth: int = 0) -> Any:
     cuts = sorted(draw(st.lists(st.integers(1, len(labels) - 1), min_size=n - 1,
                                 max_size=n - 1, unique=True))) if n > 1 else []
     bounds = [0, *cuts, len(labels)]
-    children = [draw(layouts(labels[a:b], depth + 1)) for a, b in zip(bounds, bounds[1:])]
+    children = [draw(layouts(labels[a:b], depth + 1)) for a, b in itertools.pairwise(bounds)]
     if kind == "dict":
         keys = draw(st.permutations([f"k{i}" for i in range(len(children))]))
         return dict(zip(keys, children))

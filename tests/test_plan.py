@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from autoremat_solvers import policy as policy_model
 from jax._src.ad_checkpoint import saved_residuals
 
 import autoremat
 from autoremat import _rewrite, _solve, _trace
-from autoremat_solvers import policy as policy_model
 from tests.models import MODELS
 
 
