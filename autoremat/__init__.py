@@ -11,6 +11,8 @@ from autoremat._measure import Measurement as Measurement
 from autoremat._measure import fits as fits
 from autoremat._measure import measure_step as measure_step
 from autoremat._offload import OffloadConfig as OffloadConfig
+from autoremat._op_times import OpTimes as OpTimes
+from autoremat._op_times import measure_op_times as measure_op_times
 from autoremat._plan import BudgetNotVerifiedError as BudgetNotVerifiedError
 from autoremat._plan import InfeasibleBudgetError as InfeasibleBudgetError
 from autoremat._plan import Plan as Plan
@@ -31,6 +33,7 @@ __all__ = [
     "InfeasibleBudgetError",
     "Measurement",
     "OffloadConfig",
+    "OpTimes",
     "Plan",
     "PlanMismatchError",
     "PolicyFile",
@@ -40,6 +43,7 @@ __all__ = [
     "UnsupportedProgramError",
     "fits",
     "load_plan",
+    "measure_op_times",
     "measure_step",
     "optimize",
     "parse_budget",

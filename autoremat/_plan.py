@@ -27,6 +27,7 @@ from autoremat import (
 from autoremat._budget import Budget, format_bytes, parse_budget
 from autoremat._graph import Graph
 from autoremat._offload import OffloadConfig, offload_problem
+from autoremat._op_times import OpTimes
 
 
 class InfeasibleBudgetError(ValueError):
@@ -203,8 +204,8 @@ def _lower_bound(problem: policy_model.PolicyProblem) -> int:
 
 def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: Budget, *,
               time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
-              offload: OffloadConfig | None = None, progress: Progress | None = None
-              ) -> Plan:
+              offload: OffloadConfig | None = None, progress: Progress | None = None,
+              op_times: OpTimes | None = None) -> Plan:
     """:func:`plan` for a function of flat array arguments returning a flat list.
 
     Each candidate placement of region boundaries (:func:`autoremat._trace.placements`)
@@ -221,7 +222,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     budget_bytes = 0
     for k, cuts in enumerate(candidates):
         _, graph = _trace.graph_of(program, cuts)
-        problem = _solve.to_problem(graph)
+        problem = _solve.to_problem(graph, op_times)
         if offload is not None:
             problem = offload_problem(graph, problem, offload)
         baseline = _solve.no_remat(graph, problem)
@@ -270,7 +271,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
 def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
          backends: tuple[str, ...] = ("HIGHS", "SCIP"), verify: str | None = None,
          verify_rounds: int = 4, offload: OffloadConfig | None = None,
-         progress: Progress | None = None, **kwargs: Any) -> Plan:
+         progress: Progress | None = None, op_times: OpTimes | None = None,
+         **kwargs: Any) -> Plan:
     """Plans remat for ``fn(*args, **kwargs)`` under ``budget``.
 
     Args:
@@ -302,6 +304,10 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         one). Each solve (one per candidate placement of regions, and per closed-loop
         round) reports on its own and ends with its final figures. It does not change the
         plan. Not called when the budget fits the plan that recomputes nothing.
+      op_times: measured operation times (:func:`autoremat.measure_op_times`): the plan
+        then minimizes recompute time, materializing operations costed by their measured
+        time and fused elementwise ones by their FLOPs. ``None`` (default): FLOPs.
+        ``Plan.recompute_flops`` counts FLOPs either way.
 
     Returns:
       A :class:`Plan`.
@@ -328,7 +334,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
     """
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
     solve = functools.partial(plan_flat, flat_fn, avals, time_limit_s=time_limit_s,
-                              backends=backends, offload=offload, progress=progress)
+                              backends=backends, offload=offload, progress=progress,
+                              op_times=op_times)
     if verify is None:
         return solve(budget)
     bound = functools.partial(fn, **kwargs)

@@ -41,6 +41,7 @@ from autoremat_solvers.milp import MilpStatus
 
 from autoremat._cost import fusible, moves_data
 from autoremat._graph import Graph
+from autoremat._op_times import OpTimes, recompute_costs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +62,11 @@ class Decisions:
     offload_flops: int = 0
 
 
-def to_problem(graph: Graph) -> policy_model.PolicyProblem:
-    """The graph's save/recompute problem, with the memory model of the module doc."""
+def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.PolicyProblem:
+    """The graph's save/recompute problem, with the memory model of the module doc.
+
+    Recompute costs are FLOPs, or measured times where ``op_times`` has them (see
+    :mod:`autoremat._op_times`)."""
     index = {v.id: k for k, v in enumerate(graph.values)}
     materialized = np.array([not fusible(v.primitive) for v in graph.values], dtype=np.int64)
     moved = np.array([moves_data(v.primitive) * math.prod(v.shape) for v in graph.values],
@@ -72,7 +76,8 @@ def to_problem(graph: Graph) -> policy_model.PolicyProblem:
     held = graph.array("multiplicity") * graph.array("nbytes")
     in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     return policy_model.PolicyProblem(
-        cost=(graph.recompute_flops() + graph.iterations() * (1 + moved)).astype(float),
+        cost=((graph.recompute_flops() if op_times is None else
+               recompute_costs(graph, op_times)) + graph.iterations() * (1 + moved)).astype(float),
         held=held,
         transient=graph.array("nbytes") * materialized,
         region=graph.array("region"),
