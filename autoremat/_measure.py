@@ -37,8 +37,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.experimental import topologies
-from jax.sharding import SingleDeviceSharding
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from autoremat._rewrite import leaf_aval
 
@@ -178,11 +179,12 @@ def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int
     start = time.perf_counter()
     device, options = _device(target)
     options = {**options, **extra_options}
-    sharding = SingleDeviceSharding(device)
     # Weak types kept, as for the plan (autoremat._rewrite.leaf_aval): the same program.
+    avals = jax.tree.map(leaf_aval, args)
+    place = _placement(jax.tree.leaves(avals), target, device)
     avals = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
-                                       sharding=sharding), jax.tree.map(leaf_aval, args))
+                                       sharding=place(x)), avals)
     lowered = jax.jit(jax.grad(fn, argnums)).lower(*avals)
     key = (hashlib.sha256(lowered.as_text().encode()).hexdigest(), target,
            tuple(sorted(options.items())))
@@ -207,6 +209,38 @@ def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dataclasses.asdict(_cache[key])))
     return _cache[key]
+
+
+def _placement(avals: Sequence[jax.ShapeDtypeStruct], target: str, device: jax.Device
+               ) -> Callable[[jax.ShapeDtypeStruct], jax.sharding.Sharding]:
+    """Where each argument lives: on ``device`` for an unsharded step; for arguments
+    sharded over a mesh, on the same mesh rebuilt over a TPU topology of as many chips
+    (:func:`sharded_topology`), unsharded arguments replicated."""
+    meshes = {a.sharding.mesh for a in avals if isinstance(a.sharding, NamedSharding)}
+    if not meshes:
+        return lambda _: SingleDeviceSharding(device)
+    if len(meshes) > 1 or target not in TPU_TOPOLOGIES:
+        raise ValueError(f"a sharded step is measured on a TPU target over one mesh; got "
+                         f"target {target!r} and meshes {sorted(map(str, meshes))}")
+    (mesh,) = meshes
+    chips = topologies.get_topology_desc(topology_name=sharded_topology(target, mesh.size),
+                                         platform="tpu").devices
+    tpu_mesh = jax.sharding.Mesh(np.array(chips).reshape(mesh.axis_sizes), mesh.axis_names)
+    return lambda a: NamedSharding(
+        tpu_mesh, a.sharding.spec if isinstance(a.sharding, NamedSharding) else PartitionSpec())
+
+
+def sharded_topology(target: str, chips: int) -> str:
+    """The TPU topology of ``chips`` chips (a power of two, at least 4) of ``target``'s
+    generation: ``"v5e:2x4"`` for 8 chips of ``"tpu-v5e"``, ``"v4:2x2x2"`` for 8 of
+    ``"tpu-v4"``."""
+    if chips < 4 or chips & (chips - 1):
+        raise ValueError(f"a sharded step is measured on 4, 8, 16, ... chips; its mesh has {chips}")
+    generation, shape = TPU_TOPOLOGIES[target].split(":")
+    dims = [1] * len(shape.split("x"))
+    for k in range(chips.bit_length() - 1):
+        dims[k % len(dims)] *= 2
+    return f"{generation}:{'x'.join(map(str, sorted(dims, key=lambda d: (d == 1, d))))}"
 
 
 def _disk_path(key: tuple[str, str, tuple[tuple[str, str], ...]]) -> pathlib.Path | None:

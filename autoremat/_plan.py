@@ -82,6 +82,7 @@ class Plan:
       offloaded_bytes: host bytes the offloaded values take.
       offload_flops: the modelled cost of their transfers, as FLOPs at the target's peak
         rate (see :class:`autoremat.OffloadConfig`).
+      offload: the offload configuration the plan was made with (``None``: no offload).
     """
 
     saved: frozenset[int]
@@ -102,6 +103,7 @@ class Plan:
     offloaded: frozenset[int] = frozenset()
     offloaded_bytes: int = 0
     offload_flops: int = 0
+    offload: OffloadConfig | None = None
 
     @property
     def overhead(self) -> float:
@@ -141,13 +143,7 @@ class Plan:
         """Writes the plan to a policy file (JSON), for :func:`load_plan` and
         ``autoremat report``.
 
-        Raises:
-          NotImplementedError: the plan offloads values (policy files do not store offload
-            decisions yet).
         """
-        if self.offloaded:
-            raise NotImplementedError("policy files do not store offload decisions yet; "
-                                      "keep the plan object or plan again with offload")
         _policy_file.PolicyFile.from_plan(self).write(path)
 
     def plot_memory(self, path: str | os.PathLike, *, title: str | None = None) -> None:
@@ -250,7 +246,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
                      no_remat_peak_bytes=baseline.peak_bytes, status=d.status, gap=d.gap,
                      cuts=graph.cuts, solve_seconds=d.solve_seconds, graph=graph,
                      offloaded=d.offloaded, offloaded_bytes=d.offloaded_bytes,
-                     offload_flops=d.offload_flops)
+                     offload_flops=d.offload_flops, offload=offload)
         cost = lambda p: (p.recompute_flops + p.offload_flops, p.peak_bytes)
         if best is None or cost(found) < cost(best):
             best = found
@@ -444,4 +440,7 @@ def load_plan(path: str | os.PathLike, fn: Callable, *args: Any, **kwargs: Any) 
                 recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
                 no_remat_peak_bytes=_solve.no_remat(graph, _solve.to_problem(graph)).peak_bytes,
                 status=d.status, gap=d.gap, cuts=graph.cuts, solve_seconds=d.solve_seconds,
-                graph=graph, verified_peak_bytes=policy.verified_peak_bytes, verify_target=policy.target)
+                graph=graph, verified_peak_bytes=policy.verified_peak_bytes,
+                verify_target=policy.target, offloaded=d.offloaded,
+                offloaded_bytes=d.offloaded_bytes, offload_flops=d.offload_flops,
+                offload=policy.offload)

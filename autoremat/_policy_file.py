@@ -23,6 +23,8 @@ Format (version 1; :data:`SCHEMA` is the JSON Schema)::
      "program": {"fingerprint", "arg_bytes", "grad_bytes",
                  "cuts": [equation index, ...],
                  "regions": [{"kind", "length", "values"}, ...]},
+     "offload": null or {"host_budget", "target", "overlap", "host_bandwidth",
+                 "peak_flops", "regions", "scan_buffers"} (autoremat.OffloadConfig),
      "decisions": [{"action", "source", "primitive", "shape", "dtype", "nbytes",
                     "multiplicity", "recompute_flops", "occurrences", "of"}, ...]}
 """
@@ -45,6 +47,7 @@ from autoremat_solvers.milp import MilpStatus
 
 from autoremat import _solve
 from autoremat._graph import Graph, Value
+from autoremat._offload import OffloadConfig, offload_problem
 from autoremat._rewrite import PlanMismatchError
 
 if TYPE_CHECKING:
@@ -97,8 +100,17 @@ SCHEMA: dict[str, Any] = {
                 "values": _COUNT,
             })},
         }),
+        "offload": {"oneOf": [{"type": "null"}, _record({
+            "host_budget": _POSITIVE,
+            "target": _TEXT,
+            "overlap": {"type": "number", "minimum": 0, "maximum": 1},
+            "host_bandwidth": {"type": ["number", "null"], "exclusiveMinimum": 0},
+            "peak_flops": {"type": ["number", "null"], "exclusiveMinimum": 0},
+            "regions": {"enum": ["scan", "all"]},
+            "scan_buffers": _POSITIVE,
+        })]},
         "decisions": {"type": "array", "items": _record({
-            "action": {"enum": ["save", "recompute"]},
+            "action": {"enum": ["save", "recompute", "offload"]},
             "source": _TEXT,
             "primitive": _TEXT,
             "shape": {"type": "array", "items": _COUNT},
@@ -189,7 +201,7 @@ class Decision:
     """One action on some or all of the values made at one site.
 
     Attributes:
-      action: ``"save"`` or ``"recompute"``.
+      action: ``"save"``, ``"recompute"`` or ``"offload"``.
       site: where the values are made.
       occurrences: which of the site's values, numbered from 0 in program order; ``None``
         for every one of them (for example the same value in every layer).
@@ -238,7 +250,8 @@ class PolicyFile:
       arg_bytes, grad_bytes: bytes of the arguments and of their gradients.
       cuts: the placement (``Plan.cuts``): the equations that start a region.
       regions: the program's remat regions, in program order.
-      decisions: every save and recompute, in program order of their first value.
+      decisions: every save, recompute and offload, in program order of their first value.
+      offload: the offload configuration the plan was made with, or ``None``.
     """
 
     autoremat_version: str
@@ -261,6 +274,7 @@ class PolicyFile:
     cuts: tuple[int, ...]
     regions: tuple[RegionSummary, ...]
     decisions: tuple[Decision, ...]
+    offload: OffloadConfig | None = None
 
     @property
     def num_values(self) -> int:
@@ -311,7 +325,7 @@ class PolicyFile:
             grad_bytes=graph.grad_bytes, cuts=plan.cuts,
             regions=tuple(RegionSummary(r.kind, r.length, int(n))
                           for r, n in zip(graph.regions, counts)),
-            decisions=tuple(decisions))
+            decisions=tuple(decisions), offload=plan.offload)
 
     def to_json(self) -> str:
         """The file's text: objects one member a line, each decision on a line of its own."""
@@ -416,15 +430,19 @@ class PolicyFile:
         ids = graph.array("id").tolist()
         save = np.array([chosen.get(i) == "save" for i in ids], dtype=bool)
         recompute = np.array([chosen.get(i) == "recompute" for i in ids], dtype=bool)
+        offload = np.array([chosen.get(i) == "offload" for i in ids], dtype=bool)
+        if self.offload is not None:
+            problem = offload_problem(graph, problem, self.offload)
         # The rules name values by index in graph.values: add where each is made.
         sites = [str(Site.of(v)) for v in graph.values]
         name = lambda m: f"{m.group(1)} {m.group(2)} ({sites[int(m.group(2))]})"
         differences.extend(re.sub(r"(value|input) (\d+)", name, msg)
-                           for msg in policy_model.violations(problem, save, recompute))
-        cost, peak = policy_model.evaluate(problem, save, recompute)
+                           for msg in policy_model.violations(problem, save, recompute,
+                                                              offload))
+        cost, peak = policy_model.evaluate(problem, save, recompute, offload)
         decisions = _solve.decisions(graph, problem, policy_model.PolicyResult(
             MilpStatus(self.status), save, recompute, cost, peak, cost, self.gap,
-            self.solve_seconds))
+            self.solve_seconds, offload if self.offload is not None else None))
         if decisions.peak_bytes > self.budget_bytes:
             differences.append(
                 f"predicted peak: {decisions.peak_bytes} bytes for the function, over the "
@@ -440,6 +458,9 @@ class PolicyFile:
             "program": {"fingerprint": self.fingerprint, "arg_bytes": self.arg_bytes,
                         "grad_bytes": self.grad_bytes, "cuts": list(self.cuts),
                         "regions": [dataclasses.asdict(r) for r in self.regions]},
+            "offload": None if self.offload is None else {
+                **dataclasses.asdict(self.offload),
+                "host_budget": self.offload.host_budget_bytes},
             "decisions": [{
                 "action": d.action, "source": d.site.source, "primitive": d.site.primitive,
                 "shape": list(d.site.shape), "dtype": d.site.dtype, "nbytes": d.nbytes,
@@ -463,7 +484,8 @@ class PolicyFile:
                 site=Site(d["source"], d["primitive"], tuple(d["shape"]), d["dtype"]),
                 occurrences=None if d["occurrences"] == "all" else tuple(d["occurrences"]),
                 of=d["of"], nbytes=d["nbytes"], multiplicity=d["multiplicity"],
-                recompute_flops=d["recompute_flops"]) for d in doc["decisions"]))
+                recompute_flops=d["recompute_flops"]) for d in doc["decisions"]),
+            offload=None if doc["offload"] is None else OffloadConfig(**doc["offload"]))
 
 
 _PLAN_FIELDS = ("budget_bytes", "peak_bytes", "saved_bytes", "recompute_flops",

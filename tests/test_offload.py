@@ -159,13 +159,19 @@ def test_unrolled_regions_offload_only_when_asked():
     assert _allclose(jax.jit(jax.grad(p.apply(loss)))(*args), jax.jit(jax.grad(loss))(*args))
 
 
-def test_report_shows_offload_and_files_refuse_it(scanned, tmp_path):
+def test_report_shows_offload_and_policy_files_keep_it(scanned, tmp_path):
     loss, args, budget = scanned
     p = autoremat.plan(loss, *args, budget=budget, offload=CHEAP)
     text = p.report()
     assert "offloaded to host" in text and "\noffload " in text
-    with pytest.raises(NotImplementedError, match="offload"):
-        p.save(tmp_path / "p.json")
+    p.save(tmp_path / "p.json")
+    loaded = autoremat.load_plan(tmp_path / "p.json", loss, *args)
+    assert loaded.offload == dataclasses.replace(CHEAP, host_budget=CHEAP.host_budget_bytes)
+    assert (loaded.saved, loaded.recomputed, loaded.offloaded) == (p.saved, p.recomputed,
+                                                                   p.offloaded)
+    assert (loaded.peak_bytes, loaded.offloaded_bytes, loaded.offload_flops) == (
+        p.peak_bytes, p.offloaded_bytes, p.offload_flops)
+    assert "offload" in autoremat.PolicyFile.read(tmp_path / "p.json").to_json()
 
 
 def test_config_rejects_bad_values():

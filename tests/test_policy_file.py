@@ -209,8 +209,8 @@ def _set(*keys_and_value):
 @pytest.mark.parametrize("edit, field, message", [
     (_set("decisions", 0, "shape", "big"), "decisions[0].shape", "'big' is not of type 'array'"),
     (_set("decisions", 0, "shape", 0, -1), "decisions[0].shape[0]", "-1 is less than the minimum"),
-    (_set("decisions", 0, "action", "offload"), "decisions[0].action",
-     "'offload' is not one of ['save', 'recompute']"),
+    (_set("decisions", 0, "action", "discard"), "decisions[0].action",
+     "'discard' is not one of ['save', 'recompute', 'offload']"),
     (_set("decisions", 0, "occurrences", [0, 0]), "decisions[0].occurrences", "non-unique"),
     (_set("decisions", 0, "occurrences", "some"), "decisions[0].occurrences",
      "'some' is not 'all' or a list of distinct occurrence numbers"),

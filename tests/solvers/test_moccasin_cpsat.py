@@ -15,7 +15,7 @@ from autoremat_solvers._stages import schedule_from_sequence, sequence_of
 from autoremat_solvers.graph import ComputeGraph
 from autoremat_solvers.moccasin_cpsat import Quantization
 
-TIME_LIMIT_S = 20.0
+TIME_LIMIT_S = 60.0  # generous: CP-SAT is slow on a loaded machine
 
 
 def _budget(g, frac):
