@@ -340,6 +340,7 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
                                                 argnums=argnums).peak_bytes
     model_budget: Budget = budget
     target_bytes = None
+    underestimate = 0  # the most the compiler's peak has exceeded a plan's predicted one
     for attempt in range(1, verify_rounds + 1):
         try:
             result = solve(model_budget)
@@ -356,9 +357,12 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         if peak <= target_bytes:
             return dataclasses.replace(result, budget_bytes=target_bytes,
                                        verified_peak_bytes=peak, verify_target=verify)
-        # Lowered by the excess, more each round: the compiler's peak moves in steps.
-        model_budget = max(1, result.budget_bytes - attempt * (peak - target_bytes)
-                           - _VERIFY_MARGIN)
+        # Lowered by the excess, more each round (the compiler's peak moves in steps), and
+        # at least so far that a plan the model underestimates as much as the worst seen
+        # so far would fit.
+        underestimate = max(underestimate, peak - result.peak_bytes)
+        model_budget = max(1, min(result.budget_bytes - attempt * (peak - target_bytes),
+                                  target_bytes - underestimate) - _VERIFY_MARGIN)
     raise BudgetNotVerifiedError(
         f"after {verify_rounds} compiles for {verify} the step still peaks at "
         f"{format_bytes(peak)} against a budget of {format_bytes(target_bytes)}; raise "

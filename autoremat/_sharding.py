@@ -19,7 +19,7 @@ Where a sharding comes from, most exact first:
 * **Propagation** (automatic axes) in program order, as GSPMD does in the common cases:
   elementwise ops take, dimension by dimension, the most split operand of that extent;
   ``broadcast_in_dim``, ``reshape`` (a merged or split group of dimensions keeps the
-  split of its major dimension when it divides), ``transpose``, ``squeeze``, reductions
+  split of its major dimension, on the first dimension it divides), ``transpose``, ``squeeze``, reductions
   (reduced dimensions dropped), slices and pads (resized dimensions replicated) and
   ``gather`` (indices' dimensions and kept operand dimensions) map the operand's
   spec; ``dot_general`` keeps the batch and free dimensions' axes of its operands and
@@ -388,8 +388,10 @@ def _gather(p: Mapping[str, Any], operands: Sequence[tuple[Spec | None, bool, tu
 def _reshape(spec: Spec, shape: Sequence[int], new: Sequence[int],
              axis_sizes: Mapping[str, int]) -> Spec:
     """Groups of dimensions with equal products map to each other; a group keeps the
-    split of its major dimension when the major result dimension is divisible by it
-    (the other dimensions of a group must be unsplit)."""
+    split of its major dimension (the others must be unsplit) on the first result
+    dimension of the group that it divides. Where that is not the major one, GSPMD
+    reshards to keep the split (``[b, s, 3 * h * d]`` split over heads becomes
+    ``[b, s, 3, h, d]`` split over ``h``: XLA's SPMD partitioner does so for GPT-2)."""
     out: list[tuple[str, ...]] = [()] * len(new)
     i = j = 0
     while i < len(shape) and j < len(new):
@@ -409,10 +411,10 @@ def _reshape(spec: Spec, shape: Sequence[int], new: Sequence[int],
         if pi != pj:
             break
         src = [k for k in group_in if shape[k] > 1] or group_in
-        dst = next((k for k in group_out if new[k] > 1), group_out[0])
         major = spec[src[0]]
         ways = math.prod(axis_sizes.get(a, 1) for a in major)
-        if all(not spec[k] for k in src[1:]) and new[dst] % ways == 0:
+        dst = next((k for k in group_out if new[k] > 1 and new[k] % ways == 0), None)
+        if dst is not None and all(not spec[k] for k in src[1:]):
             out[dst] = major
         i += 1
         j += 1
