@@ -35,7 +35,8 @@ _PROGRESS_HELP = ("Show the solver's best plan, bound and gap while it runs: on 
                   "default, as lines of text elsewhere with --progress.")
 # Errors of planning itself (not of the arguments): exit 1 with the message.
 _PLAN_ERRORS = (autoremat.InfeasibleBudgetError, autoremat.SolverTimeoutError,
-                autoremat.UnsupportedProgramError)
+                autoremat.UnsupportedProgramError, autoremat.BudgetNotVerifiedError,
+                autoremat.CompilerUnavailableError)
 
 
 def _number_or_text(text: str) -> int | float | str:
@@ -194,14 +195,15 @@ def _flops(n: float) -> str:
 
 
 def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float,
-                     rows: int, show_progress: bool | None) -> autoremat.Plan:
+                     rows: int, show_progress: bool | None, verify: str | None = None
+                     ) -> autoremat.Plan:
     """Plans with a progress display, prints the report, and returns the plan."""
     start = time.perf_counter()
     with _progress(f"planning (solver time limit {time_limit:g} s)",
                    show=show_progress) as progress:
         try:
             plan = autoremat.plan(fn, *args, budget=budget, time_limit_s=time_limit,
-                                  progress=progress)
+                                  progress=progress, verify=verify)
         except _PLAN_ERRORS as e:
             raise click.ClickException(str(e)) from None
     click.echo(plan.report(max_rows=rows))
@@ -233,9 +235,14 @@ def main() -> None:
 @click.option("--rows", type=click.IntRange(min=0), default=25, show_default=True,
               help="Decision rows to print.")
 @click.option("--progress/--no-progress", "show_progress", default=None, help=_PROGRESS_HELP)
+@click.option("--verify", type=click.Choice(sorted(autoremat.TARGETS)), metavar="TARGET",
+              help="Closed loop: compile the planned step for TARGET "
+                   f"({', '.join(sorted(autoremat.TARGETS))}) and re-plan until the "
+                   "compiler's peak fits the budget.")
 def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
                  budget: float, out: pathlib.Path, maxtext: pathlib.Path | None,
-                 time_limit: float, rows: int, show_progress: bool | None) -> None:
+                 time_limit: float, rows: int, show_progress: bool | None,
+                 verify: str | None) -> None:
     """Plan remat for a function under a budget, write the policy file, print the report.
 
     FUNCTION is MODULE:NAME, imported with the working directory on the module path. With
@@ -281,7 +288,7 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
             raise click.BadParameter(f"without --args it must return (loss, args), args a "
                                      f"tuple; {problem}.", param_hint="'[FUNCTION]'")
         fn, args = made
-    plan = _plan_and_report(fn, args, budget, time_limit, rows, show_progress)
+    plan = _plan_and_report(fn, args, budget, time_limit, rows, show_progress, verify)
     try:
         plan.save(out)
     except OSError as e:

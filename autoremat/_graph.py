@@ -14,13 +14,13 @@ class Value:
     Attributes:
       id: the value's id in the flattened program (stable for a function and shapes).
       shape, dtype: of one instance.
-      nbytes: bytes of one instance.
+      nbytes: bytes of one instance on one device (its shard, for a sharded program).
       multiplicity: instances kept if saved (the scan length inside a scan body, except
         for values computed from loop invariants alone, which JAX saves once).
       primitive: the producing primitive; ``carry_in``/``xs_in`` for a scan body's inputs.
       source: ``file:line`` of the user code that produced it.
-      flops: cost of recomputing one instance (a scan body's values are recomputed once
-        per iteration, see :meth:`Graph.recompute_flops`).
+      flops: cost of recomputing one instance on one device (a scan body's values are
+        recomputed once per iteration, see :meth:`Graph.recompute_flops`).
       region: index of the remat region it belongs to.
       inputs: ids of the intermediate values it is computed from (arguments and constants,
         always available, are left out).
@@ -81,9 +81,9 @@ class Graph:
     Attributes:
       values: every intermediate value, in program order.
       regions: the remat regions, in program order.
-      arg_bytes: bytes of all arguments.
+      arg_bytes: bytes of all arguments (on one device, as every size here).
       grad_bytes: bytes of the gradients of the floating-point arguments.
-      step_flops: FLOPs of the forward plus backward pass without remat.
+      step_flops: FLOPs of the forward plus backward pass without remat (of one device).
       fingerprint: a digest of the program's structure, to check a plan is applied to
         the function it was made for.
       cuts: the placement: indices of the top-level equations that start a new region of

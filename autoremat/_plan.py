@@ -275,10 +275,13 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
       fn: the function to differentiate (for example a loss). Its gradient with respect
         to any of its floating-point arguments follows the plan.
       *args, **kwargs: example arguments, arrays or ``jax.ShapeDtypeStruct`` leaves in
-        any pytree; only shapes and dtypes are used.
+        any pytree; only shapes, dtypes and shardings are used. Leaves sharded over a
+        mesh (a ``NamedSharding``) make the plan per device (see
+        :mod:`autoremat._sharding`).
       budget: peak bytes of the whole gradient computation: an int, a string with a unit
         (``"6GiB"``, ``"512MiB"``, ``"2GB"``), or a float in (0, 1], the fraction of the
-        no-remat activation memory (on top of arguments and gradients).
+        no-remat activation memory (on top of arguments and gradients). For a sharded
+        step, the bytes of one device (as are all of the plan's figures).
       time_limit_s: stop the solver after this long with the best plan found (its status
         is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
       backends: MIP backends tried in turn within the time limit, from ``"HIGHS"``,

@@ -17,16 +17,18 @@ Where a sharding comes from, most exact first:
 * **Constraints**: ``jax.lax.with_sharding_constraint`` (exact for its result) and the
   ``in_shardings``/``out_shardings`` of a ``jax.jit`` inside the function.
 * **Propagation** (automatic axes) in program order, as GSPMD does in the common cases:
-  elementwise ops take, dimension by dimension, the most split operand of that extent;
+  elementwise ops take the spec of their most split operand of the result's shape (not
+  a mix of operands' dimensions: GSPMD picks one operand's sharding);
   ``broadcast_in_dim``, ``reshape`` (a merged or split group of dimensions keeps the
-  split of its major dimension, on the first dimension it divides), ``transpose``, ``squeeze``, reductions
-  (reduced dimensions dropped), slices and pads (resized dimensions replicated) and
-  ``gather`` (indices' dimensions and kept operand dimensions) map the operand's
-  spec; ``dot_general`` keeps the batch and free dimensions' axes of its operands and
-  drops the contracted ones (their partial sums are all-reduced). A mesh axis splits at
-  most one dimension (a later repeat is dropped). Calls and loops this module does not
-  look into (``custom_vjp``, ``cond``, ``while``, ``sort``, ...) are treated as
-  elementwise over the operands with the result's shape.
+  split of its major dimension, on the first dimension it divides), ``transpose``,
+  ``squeeze``, reductions (reduced dimensions dropped), slices and pads (resized
+  dimensions replicated) and ``gather`` (indices' dimensions and kept operand
+  dimensions) map the operand's spec; ``dot_general`` keeps the batch and free
+  dimensions' axes of its operands and drops the contracted ones (their partial sums
+  are all-reduced). A mesh axis splits at most one dimension (a later repeat is
+  dropped). Calls and loops this module does not look into (``custom_vjp``, ``cond``,
+  ``while``, ``sort``, ...) are treated as elementwise over the operands with the
+  result's shape.
 * **Unknown**: any other result is **replicated** (full size, conservative), unless a
   sharding constraint is applied to it (or to the elementwise chain that follows
   it) or it is an input of a ``shard_map``: GSPMD propagates shardings backwards from
@@ -346,13 +348,19 @@ def _rule(e: Eqn, s: _Specs) -> list[tuple[Spec, bool]]:
         return [(_gather(p, operands, shapes[0]), guess)]
     if name in _ELEMENTWISE_LIKE or fusible(name) or any(
             sh == out for _, _, sh in known for out in shapes):
-        return [(_elementwise_spec(known, sh), guess) for sh in shapes]
+        return [(_elementwise_spec(known, sh, s.axis_sizes), guess) for sh in shapes]
     return [(_replicated(sh), True) for sh in shapes]
 
 
 def _elementwise_spec(known: Sequence[tuple[Spec, bool, tuple[int, ...]]],
-                      shape: tuple[int, ...]) -> Spec:
-    """Per dimension, the most split axes among operands of the same rank and extent."""
+                      shape: tuple[int, ...], axis_sizes: Mapping[str, int]) -> Spec:
+    """The spec of the most split operand of the result's shape; without one (every
+    operand broadcasts), per dimension the most split axes among operands of that
+    extent."""
+    ways = lambda spec: math.prod(axis_sizes.get(a, 1) for axes in spec for a in axes)
+    same = [sp for sp, _, sh in known if sh == shape]
+    if same:
+        return max(same, key=ways)
     out = []
     for d, n in enumerate(shape):
         options = [sp[d] for sp, _, sh in known if len(sh) == len(shape) and sh[d] == n]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import io
 import json
 import math
@@ -126,6 +126,24 @@ def test_plan_a_zoo_model(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("mlp-tiny: ")
     assert (tmp_path / "mlp.json").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="the TPU compiler is an optional extra: pip install -e '.[tpu]'")
+def test_plan_verified_on_the_tpu_compiler(tmp_path):
+    result = _run("plan", "--model", "mlp-tiny", "--budget", "1MiB", "--verify", "tpu-v5e",
+                  "--out", "mlp.json", "--rows", "0", cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "compiler peak" in result.stdout and "tpu-v5e" in result.stdout
+    file = autoremat.PolicyFile.read(tmp_path / "mlp.json")
+    assert file.target == "tpu-v5e" and file.verified_peak_bytes <= file.budget_bytes
+
+
+def test_plan_verify_names_the_targets(tmp_path):
+    result = _run("plan", "--model", "mlp-tiny", "--budget", "0.5", "--verify", "tpu-v9",
+                  "--out", "mlp.json", cwd=tmp_path)
+    assert result.returncode == 2 and "tpu-v5e" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_console_script_imports_from_the_working_directory(workdir, tmp_path):
