@@ -128,7 +128,7 @@ def _bf16_tiny_gpt2():
 
 
 @needs_libtpu
-@pytest.mark.parametrize("fraction", [0.3, 0.7])
+@pytest.mark.parametrize("fraction", [pytest.param(0.3, marks=pytest.mark.slow), 0.7])
 def test_closed_loop_plan_fits_on_the_compiler(fraction):
     loss, args = _bf16_tiny_gpt2()
     with pytest.raises(autoremat.InfeasibleBudgetError) as model_floor:
@@ -147,6 +147,7 @@ def test_closed_loop_plan_fits_on_the_compiler(fraction):
 
 
 @needs_libtpu
+@pytest.mark.slow  # several compiles; the closed loop's main path runs by default above
 def test_closed_loop_below_the_real_floor_names_the_real_floor():
     loss, args = _bf16_tiny_gpt2()
     with pytest.raises(autoremat.InfeasibleBudgetError) as model_floor:
