@@ -191,6 +191,11 @@ def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
     return graph.fixed_bytes + int(parsed * (no_remat_peak - graph.fixed_bytes))
 
 
+def _plan_cost(p: Plan) -> tuple[int, int]:
+    """What placements are compared by: modelled cost (recompute and offload), then peak."""
+    return p.recompute_flops + p.offload_flops, p.peak_bytes
+
+
 def _lower_bound(problem: policy_model.PolicyProblem) -> int:
     """A peak no plan goes below: what every plan holds (the values it must save and the
     bytes in use whatever the plan), nothing recomputed."""
@@ -247,10 +252,9 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
                      cuts=graph.cuts, solve_seconds=d.solve_seconds, graph=graph,
                      offloaded=d.offloaded, offloaded_bytes=d.offloaded_bytes,
                      offload_flops=d.offload_flops, offload=offload)
-        cost = lambda p: (p.recompute_flops + p.offload_flops, p.peak_bytes)
-        if best is None or cost(found) < cost(best):
+        if best is None or _plan_cost(found) < _plan_cost(best):
             best = found
-        if cost(best)[0] == 0:
+        if _plan_cost(best)[0] == 0:
             break
     if best is not None:
         return dataclasses.replace(best, solve_seconds=spent)
