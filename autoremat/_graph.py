@@ -88,6 +88,10 @@ class Graph:
         the function it was made for.
       cuts: the placement: indices of the top-level equations that start a new region of
         unrolled code (scans are regions of their own).
+      scan_pieces: the rest of the placement: the iterations of the pieces each top-level
+        scan is split into (``()`` for a scan left whole; see
+        :func:`autoremat._program.split_scans`); equation indices are those of the split
+        program.
     """
 
     values: tuple[Value, ...]
@@ -97,6 +101,7 @@ class Graph:
     step_flops: int
     fingerprint: str
     cuts: tuple[int, ...]
+    scan_pieces: tuple[tuple[int, ...], ...] = ()
 
     def array(self, field: str, dtype: type = np.int64) -> np.ndarray:
         """One field of every value as a numpy array, in ``values`` order."""

@@ -98,7 +98,7 @@ def measure_op_times(fn: Callable, *args: Any, repeats: int = 5, **kwargs: Any) 
             timed[key] = _time_eqn(eqn, in_avals, repeats)
         for out in eqn.outs:
             seconds[out] = timed[key] / len(eqn.outs)
-    return OpTimes(_trace.fingerprint_of(program), jax.default_backend(), seconds)
+    return OpTimes(_program.fingerprint_of(program), jax.default_backend(), seconds)
 
 
 def recompute_costs(graph: Graph, times: OpTimes) -> np.ndarray:

@@ -73,6 +73,8 @@ class Plan:
       gap: relative gap between the plan's recompute cost and the solver's lower bound.
       cuts: the placement: indices of the top-level equations of the traced program that
         start a new remat region (see :func:`autoremat._trace.placements`).
+      scan_pieces: the rest of the placement: the iterations of the pieces each top-level
+        scan runs as (``()``: left whole), each piece with its own decisions.
       solve_seconds: time spent in the solver.
       verified_peak_bytes: the real compiler's peak for the step, when the plan was made
         with ``verify`` (``None`` otherwise).
@@ -104,6 +106,7 @@ class Plan:
     offloaded_bytes: int = 0
     offload_flops: int = 0
     offload: OffloadConfig | None = None
+    scan_pieces: tuple[tuple[int, ...], ...] = ()
 
     @property
     def overhead(self) -> float:
@@ -133,7 +136,7 @@ class Plan:
             the plan was made for.
         """
         return _rewrite.rewrite(fn, self.saved, self.graph.fingerprint, self.cuts,
-                                self.offloaded)
+                                self.offloaded, self.scan_pieces)
 
     def report(self, max_rows: int = 40) -> str:
         """A readable table of the plan's decisions, largest first, with its totals."""
@@ -209,19 +212,23 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
               op_times: OpTimes | None = None) -> Plan:
     """:func:`plan` for a function of flat array arguments returning a flat list.
 
-    Each candidate placement of region boundaries (:func:`autoremat._trace.placements`)
-    is solved with an equal share of ``time_limit_s``; the plan that recomputes least
-    (then the lower peak, then the finer placement) is returned.
+    Each candidate placement (:func:`autoremat._trace.placements`: region boundaries,
+    and top-level scans whole or split into pieces) is solved with an equal share of
+    ``time_limit_s``; the plan that recomputes least (then the lower peak, then the
+    earlier placement: scans whole before split, finer before coarser) is returned.
     """
     program = _trace.trace_program(flat_fn, avals)
-    candidates = _trace.placements(program)
+    programs = [program]
+    if any(pieces := _program.scan_pieces_of(program)):
+        programs.append(_trace.trace_program(flat_fn, avals, pieces))
+    candidates = [(p, cuts) for p in programs for cuts in _trace.placements(p)]
     share = time_limit_s / len(candidates)
     best: Plan | None = None
     floors: list[int] = []
     below: list[policy_model.PolicyProblem] = []
     spent = 0.0
     budget_bytes = 0
-    for k, cuts in enumerate(candidates):
+    for k, (program, cuts) in enumerate(candidates):
         _, graph = _trace.graph_of(program, cuts)
         problem = _solve.to_problem(graph, op_times)
         if offload is not None:
@@ -251,7 +258,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
                      no_remat_peak_bytes=baseline.peak_bytes, status=d.status, gap=d.gap,
                      cuts=graph.cuts, solve_seconds=d.solve_seconds, graph=graph,
                      offloaded=d.offloaded, offloaded_bytes=d.offloaded_bytes,
-                     offload_flops=d.offload_flops, offload=offload)
+                     offload_flops=d.offload_flops, offload=offload,
+                     scan_pieces=graph.scan_pieces)
         if best is None or _plan_cost(found) < _plan_cost(best):
             best = found
         if _plan_cost(best)[0] == 0:
@@ -444,7 +452,7 @@ def load_plan(path: str | os.PathLike, fn: Callable, *args: Any, **kwargs: Any) 
     """
     policy = _policy_file.PolicyFile.read(path)
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
-    _, _, graph = _trace.trace(flat_fn, avals, policy.cuts)
+    _, _, graph = _trace.trace(flat_fn, avals, policy.cuts, policy.scan_pieces)
     d = policy.match(graph, where=os.fspath(path))
     return Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=policy.budget_bytes,
                 peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
@@ -454,4 +462,4 @@ def load_plan(path: str | os.PathLike, fn: Callable, *args: Any, **kwargs: Any) 
                 graph=graph, verified_peak_bytes=policy.verified_peak_bytes,
                 verify_target=policy.target, offloaded=d.offloaded,
                 offloaded_bytes=d.offloaded_bytes, offload_flops=d.offload_flops,
-                offload=policy.offload)
+                offload=policy.offload, scan_pieces=graph.scan_pieces)

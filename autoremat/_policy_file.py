@@ -22,6 +22,7 @@ Format (version 1; :data:`SCHEMA` is the JSON Schema)::
               "objective", "target", "verified_peak_bytes"},
      "program": {"fingerprint", "arg_bytes", "grad_bytes",
                  "cuts": [equation index, ...],
+                 "scan_pieces": [[iterations, ...] per top-level scan] (optional),
                  "regions": [{"kind", "length", "values"}, ...]},
      "offload": null or {"host_budget", "target", "overlap", "host_bandwidth",
                  "peak_flops", "regions", "scan_buffers"} (autoremat.OffloadConfig),
@@ -63,9 +64,10 @@ _POSITIVE = {"type": "integer", "minimum": 1}
 _TEXT = {"type": "string", "minLength": 1}
 
 
-def _record(properties: Mapping[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "properties": dict(properties), "required": list(properties),
-            "additionalProperties": False}
+def _record(properties: Mapping[str, Any], optional: Mapping[str, Any] | None = None
+            ) -> dict[str, Any]:
+    return {"type": "object", "properties": {**properties, **(optional or {})},
+            "required": list(properties), "additionalProperties": False}
 
 
 SCHEMA: dict[str, Any] = {
@@ -99,6 +101,9 @@ SCHEMA: dict[str, Any] = {
                 "length": _POSITIVE,
                 "values": _COUNT,
             })},
+        }, optional={
+            # Absent in files from before scans could be split: every scan whole.
+            "scan_pieces": {"type": "array", "items": {"type": "array", "items": _POSITIVE}},
         }),
         "offload": {"oneOf": [{"type": "null"}, _record({
             "host_budget": _POSITIVE,
@@ -249,6 +254,8 @@ class PolicyFile:
       fingerprint: the program's structure digest (``Graph.fingerprint``).
       arg_bytes, grad_bytes: bytes of the arguments and of their gradients.
       cuts: the placement (``Plan.cuts``): the equations that start a region.
+      scan_pieces: the rest of the placement (``Plan.scan_pieces``): how top-level scans
+        are split.
       regions: the program's remat regions, in program order.
       decisions: every save, recompute and offload, in program order of their first value.
       offload: the offload configuration the plan was made with, or ``None``.
@@ -275,6 +282,7 @@ class PolicyFile:
     regions: tuple[RegionSummary, ...]
     decisions: tuple[Decision, ...]
     offload: OffloadConfig | None = None
+    scan_pieces: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_values(self) -> int:
@@ -325,7 +333,7 @@ class PolicyFile:
             grad_bytes=graph.grad_bytes, cuts=plan.cuts,
             regions=tuple(RegionSummary(r.kind, r.length, int(n))
                           for r, n in zip(graph.regions, counts)),
-            decisions=tuple(decisions), offload=plan.offload)
+            decisions=tuple(decisions), offload=plan.offload, scan_pieces=plan.scan_pieces)
 
     def to_json(self) -> str:
         """The file's text: objects one member a line, each decision on a line of its own."""
@@ -457,6 +465,7 @@ class PolicyFile:
             "plan": {f: getattr(self, f) for f in _PLAN_FIELDS},
             "program": {"fingerprint": self.fingerprint, "arg_bytes": self.arg_bytes,
                         "grad_bytes": self.grad_bytes, "cuts": list(self.cuts),
+                        "scan_pieces": [list(p) for p in self.scan_pieces],
                         "regions": [dataclasses.asdict(r) for r in self.regions]},
             "offload": None if self.offload is None else {
                 **dataclasses.asdict(self.offload),
@@ -478,6 +487,7 @@ class PolicyFile:
             **{f: doc["plan"][f] for f in _PLAN_FIELDS},
             fingerprint=program["fingerprint"], arg_bytes=program["arg_bytes"],
             grad_bytes=program["grad_bytes"], cuts=tuple(program["cuts"]),
+            scan_pieces=tuple(tuple(p) for p in program.get("scan_pieces", ())),
             regions=tuple(RegionSummary(**r) for r in program["regions"]),
             decisions=tuple(Decision(
                 action=d["action"],

@@ -16,6 +16,7 @@ function), so both see exactly the same program.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
@@ -101,6 +102,10 @@ class Program:
     call_shardings: tuple[tuple[int, Any], ...] = ()
     # Per-device bytes by value id (see autoremat._sharding); absent ids have full size.
     sizes: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    # For a program made by :func:`split_scans`: the iterations of each piece its top-level
+    # scans were split into, and the structure digest of the program it was split from.
+    scan_pieces: tuple[tuple[int, ...], ...] = ()
+    split_from: str | None = None
 
     def value_bytes(self, value_id: int) -> int:
         """Bytes one device holds of value ``value_id``."""
@@ -152,6 +157,86 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
     eqns: list[Eqn] = []
     outs = walk(closed.jaxpr, closed.consts, args, True, eqns)
     return Program(avals, args, consts, _live(eqns, outs), tuple(outs), tuple(call_shardings))
+
+
+def fingerprint_of(program: Program) -> str:
+    """A digest of the structure of the user's program (of the one ``program`` was split
+    from, for a split program): its primitives and value types."""
+    if program.split_from is not None:
+        return program.split_from
+    h = hashlib.sha256()
+    for e in program.eqns:
+        h.update(e.primitive.name.encode())
+        for o in e.outs:
+            h.update(str(program.avals[o]).encode())
+        if e.scan_body is not None:
+            for b in e.scan_body.eqns:
+                h.update(b.primitive.name.encode())
+    return h.hexdigest()[:16]
+
+
+def scan_pieces(length: int) -> tuple[int, ...]:
+    """The pieces :func:`split_scans` splits a loop of ``length`` iterations into: 1, 2,
+    4, ... iterations and the rest, so that any number of iterations from 0 to ``length``
+    is the total of some of them (a plan can treat any number of iterations one way and
+    the rest another) with few pieces (``log2(length) + 1``)."""
+    pieces: list[int] = []
+    while sum(pieces) + 2 ** len(pieces) <= length:
+        pieces.append(2 ** len(pieces))
+    rest = length - sum(pieces)
+    return (*pieces, rest) if rest else tuple(pieces)
+
+
+def scan_pieces_of(program: Program) -> tuple[tuple[int, ...], ...]:
+    """How :func:`split_scans` splits each top-level scan of ``program``: a forward scan
+    of 4 iterations or more into :func:`scan_pieces`; others stay whole (``()``)."""
+    return tuple(scan_pieces(e.params["length"])
+                 if e.params["length"] >= 4 and not e.params["reverse"] else ()
+                 for e in program.eqns if e.scan_body is not None)
+
+
+def split_scans(program: Program, scan_pieces: Sequence[tuple[int, ...]],
+                avals: Sequence[Any]) -> Program:
+    """``program`` with its ``k``-th top-level scan run as consecutive scans of
+    ``scan_pieces[k]`` iterations (whole where that is ``()``), traced again at ``avals``.
+
+    Each piece is a region of its own with its own decisions, so a plan can treat some
+    iterations of a loop one way and the rest another, as unrolled code can. Each piece
+    scans a slice of the loop's inputs and its results are concatenated.
+    """
+    scans = [e for e in program.eqns if e.scan_body is not None]
+    pieces_of = {e: p for e, p in zip(scans, scan_pieces) if p}
+
+    def fn(*args: Any) -> list:
+        env: dict[int, Any] = dict(zip(program.args, args))
+        for eqn in program.eqns:
+            if eqn in pieces_of:
+                invals = [_read(a, env, program.consts) for a in eqn.ins]
+                env.update(zip(eqn.outs, _run_scan_pieces(eqn, invals, program.consts,
+                                                          pieces_of[eqn])))
+            else:
+                _run_eqns([eqn], env, program.consts, frozenset(), None)
+        return [_read(a, env, program.consts) for a in program.outs]
+
+    split = flatten(jax.make_jaxpr(fn)(*avals))
+    return dataclasses.replace(split, scan_pieces=tuple(scan_pieces),
+                               split_from=fingerprint_of(program))
+
+
+def _run_scan_pieces(eqn: Eqn, invals: list, consts: Mapping[int, Any],
+                     pieces: Sequence[int]) -> list:
+    p = eqn.params
+    n_consts, n_carry = p["num_consts"], p["num_carry"]
+    const_vals, carry, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+    ys_pieces, start = [], 0
+    for length in pieces:
+        part = [jax.lax.slice_in_dim(x, start, start + length) for x in xs]
+        piece = dataclasses.replace(eqn, params={**p, "length": length})
+        outs = _run_scan(piece, [*const_vals, *carry, *part], consts, frozenset(), None)
+        carry = outs[:n_carry]
+        ys_pieces.append(outs[n_carry:])
+        start += length
+    return [*carry, *(jax.lax.concatenate(list(ys), 0) for ys in zip(*ys_pieces))]
 
 
 def _call_shardings(params: Mapping[str, Any], ins: Sequence[Atom], outs: Sequence[Atom]

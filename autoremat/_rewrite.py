@@ -18,7 +18,6 @@ import jax
 from jax._src import core as jax_core
 
 from autoremat import _program, _sharding
-from autoremat._trace import fingerprint_of
 
 
 class PlanMismatchError(ValueError):
@@ -56,9 +55,11 @@ def leaf_aval(x: Any) -> jax.ShapeDtypeStruct:
 
 
 def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, cuts: Sequence[int],
-            offloaded: Collection[int] = ()) -> Callable:
-    """``fn`` with the plan applied (its saved values, its placement ``cuts`` and the
-    values it offloads to host memory): same signature, outputs and gradients."""
+            offloaded: Collection[int] = (), scan_pieces: Sequence[tuple[int, ...]] = ()
+            ) -> Callable:
+    """``fn`` with the plan applied (its saved values, its placement: ``cuts`` and
+    ``scan_pieces``, and the values it offloads to host memory): same signature, outputs
+    and gradients."""
     named = frozenset(saved) | frozenset(offloaded)
     policy = _program.policy_for(saved, offloaded)
 
@@ -66,11 +67,13 @@ def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, cuts: Sequen
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         flat_fn, leaves, avals, store = flat_function(fn, args, kwargs)
         program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
-        if fingerprint_of(program) != fingerprint:
+        if _program.fingerprint_of(program) != fingerprint:
             raise PlanMismatchError(
                 f"this plan was made for another program (structure {fingerprint}, got "
-                f"{fingerprint_of(program)}): make a plan for this function and these argument "
+                f"{_program.fingerprint_of(program)}): make a plan for this function and these argument "
                 "shapes with autoremat.plan, or use autoremat.optimize, which plans per shape.")
+        if any(scan_pieces):
+            program = _program.split_scans(program, scan_pieces, avals)
         regions = _program.split_regions(program, cuts)
         outs = _program.run_program(program, regions, named, policy, leaves)
         return jax.tree.unflatten(store["out_tree"], outs)

@@ -16,7 +16,6 @@ recomputed (``shared/notes/remat-facts.md`` §1).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -298,18 +297,6 @@ def _signature(region: Segment, avals: dict) -> tuple[str, dict[int, int]]:
     return "\n".join(parts), local
 
 
-def fingerprint_of(program: Program) -> str:
-    h = hashlib.sha256()
-    for e in program.eqns:
-        h.update(e.primitive.name.encode())
-        for o in e.outs:
-            h.update(str(program.avals[o]).encode())
-        if e.scan_body is not None:
-            for b in e.scan_body.eqns:
-                h.update(b.primitive.name.encode())
-    return h.hexdigest()[:16]
-
-
 class UnsupportedProgramError(ValueError):
     """The function contains an operation autoremat cannot plan around."""
 
@@ -361,28 +348,35 @@ def _warn_unplanned(nbytes: int, region: Segment) -> None:
                       "them, so the predicted peak may be low by that much.", stacklevel=4)
 
 
-def trace_program(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> Program:
+def trace_program(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
+                  scan_pieces: Sequence[tuple[int, ...]] = ()) -> Program:
     """The flattened forward program of ``flat_fn`` (flat array arguments to a flat list
-    of outputs), checked for side effects a remat region cannot replay, with per-device
-    sizes from the avals' shardings (:mod:`autoremat._sharding`)."""
+    of outputs), its top-level scans split into ``scan_pieces``
+    (:func:`autoremat._program.split_scans`), checked for side effects a remat region
+    cannot replay, with per-device sizes from the avals' shardings
+    (:mod:`autoremat._sharding`)."""
     program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
+    if any(scan_pieces):
+        program = _program.split_scans(program, scan_pieces, avals)
     _check_effects(program.eqns)
     return _sharding.localize(program, [getattr(a, "sharding", None) for a in avals])
 
 
 def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
-          cuts: Sequence[int] | None = None) -> tuple[Program, tuple[Segment, ...], Graph]:
+          cuts: Sequence[int] | None = None, scan_pieces: Sequence[tuple[int, ...]] = ()
+          ) -> tuple[Program, tuple[Segment, ...], Graph]:
     """Traces ``flat_fn`` (flat array arguments to a flat list of outputs).
 
     Args:
       flat_fn: the function.
       avals: its arguments' shapes and dtypes.
       cuts: the placement (see :func:`placements`); :func:`segment_cuts` when None.
+      scan_pieces: how top-level scans are split (see :func:`trace_program`).
 
     Returns:
       The flattened program, its regions, and the value graph.
     """
-    program = trace_program(flat_fn, avals)
+    program = trace_program(flat_fn, avals, scan_pieces)
     return (program, *graph_of(program, segment_cuts(program) if cuts is None else cuts))
 
 
@@ -523,8 +517,9 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
         grad_bytes=sum(program.value_bytes(a) for a in program.args
                        if _is_float(program.avals[a])),
         step_flops=step_flops,
-        fingerprint=fingerprint_of(program),
+        fingerprint=_program.fingerprint_of(program),
         cuts=tuple(cuts),
+        scan_pieces=program.scan_pieces,
     )
     return regions, _sharding.per_device_flops(graph, program)
 

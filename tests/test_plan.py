@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +12,7 @@ from autoremat_solvers import policy as policy_model
 from jax._src.ad_checkpoint import saved_residuals
 
 import autoremat
-from autoremat import _rewrite, _solve, _trace
+from autoremat import _program, _rewrite, _solve, _trace
 from tests.models import MODELS
 
 
@@ -195,3 +197,42 @@ def test_placement_search_keeps_the_cheapest_placement_and_the_lowest_floor():
     chosen = autoremat.plan(loss, *args, budget=budget)
     costs = [policy_model.solve(p, chosen.budget_bytes).cost for p in problems]
     assert chosen.recompute_flops <= min(costs) * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("length", range(1, 41))
+def test_scan_pieces_add_up_to_every_number_of_iterations(length):
+    pieces = _program.scan_pieces(length)
+    assert sum(pieces) == length and len(pieces) <= length.bit_length() + 1
+    totals = {sum(c) for k in range(len(pieces) + 1) for c in itertools.combinations(pieces, k)}
+    assert totals == set(range(length + 1))
+
+
+def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
+    loss, args = MODELS["gpt2_scanned"]()
+    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
+    program = _trace.trace_program(flat_fn, avals)
+    assert _program.scan_pieces_of(program) == ((1, 2, 1),)
+    whole = [_solve.to_problem(_trace.graph_of(program, cuts)[1])
+             for cuts in _trace.placements(program)]
+    floor, full = _floor(loss, args), autoremat.plan(loss, *args, budget=1.0).peak_bytes
+    for fraction in (0.9, 0.8, 0.7, 0.6):
+        chosen = autoremat.plan(loss, *args, budget=int(floor + fraction * (full - floor)))
+        if chosen.scan_pieces:
+            break
+    assert chosen.scan_pieces == ((1, 2, 1),)
+    # The split is chosen only where it recomputes less than any whole-scan placement.
+    assert chosen.recompute_flops < min(policy_model.solve(p, chosen.budget_bytes).cost
+                                        for p in whole)
+    # Pieces are regions with their own decisions: some iterations save what others do not.
+    per_iteration = [sum(v.nbytes for v in chosen.graph.values
+                         if v.region == r.index and v.id in chosen.saved)
+                     for r in chosen.graph.regions if r.kind == "scan"]
+    assert len(per_iteration) == 3 and len(set(per_iteration)) > 1
+    optimized = chosen.apply(loss)
+    for g0, g1 in zip(_grads(loss, args), _grads(optimized, args), strict=True):
+        _assert_close(g0, g1)
+    assert chosen.saved_bytes == _actual_saved_bytes(optimized, args)
+    chosen.save(tmp_path / "plan.json")
+    loaded = autoremat.load_plan(tmp_path / "plan.json", loss, *args)
+    assert (loaded.scan_pieces, loaded.cuts, loaded.saved) == (
+        chosen.scan_pieces, chosen.cuts, chosen.saved)
