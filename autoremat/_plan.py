@@ -326,8 +326,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
     Raises:
       ValueError: the budget is malformed or not positive.
       InfeasibleBudgetError: no plan fits; the message states the smallest budget that does
-        (with ``verify``, the compiler's peak for the lowest plan the model allows, which is
-        returned instead when it fits).
+        (with ``verify``, the lowest compiler peak among the plans compiled: the model's
+        lowest plan, which is returned instead when it fits, and those of earlier rounds).
       SolverTimeoutError: the time limit passed before any plan was found.
       BudgetNotVerifiedError: with ``verify``, no plan fit on the compiler within
         ``verify_rounds`` compiles.
@@ -356,19 +356,24 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
     model_budget: Budget = budget
     target_bytes = None
     underestimate = 0  # the most the compiler's peak has exceeded a plan's predicted one
+    lowest_real = None  # the lowest compiler peak of the plans compiled so far
     for attempt in range(1, verify_rounds + 1):
         try:
             result = solve(model_budget)
         except InfeasibleBudgetError as e:
-            # Below the model's floor: its lowest plan may still fit on the compiler.
+            # Below the model's floor: its lowest plan may still fit on the compiler. The
+            # compiler's peak is not monotone in the model's, so a plan compiled in an
+            # earlier round may have come out lower: the floor reported is the lower.
             target_bytes = target_bytes or e.budget_bytes
             result = solve(e.floor_bytes)
             peak = real_peak(result)
             if peak > target_bytes:
-                raise InfeasibleBudgetError(target_bytes, peak) from None
+                raise InfeasibleBudgetError(target_bytes, min(peak, lowest_real or peak)
+                                            ) from None
         else:
             target_bytes = target_bytes or result.budget_bytes
             peak = real_peak(result)
+        lowest_real = min(peak, lowest_real or peak)
         if peak <= target_bytes:
             return dataclasses.replace(result, budget_bytes=target_bytes,
                                        verified_peak_bytes=peak, verify_target=verify)

@@ -236,3 +236,4 @@ def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
     loaded = autoremat.load_plan(tmp_path / "plan.json", loss, *args)
     assert (loaded.scan_pieces, loaded.cuts, loaded.saved) == (
         chosen.scan_pieces, chosen.cuts, chosen.saved)
+    assert "scans split into  1+2+1 iterations" in chosen.report()
