@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -194,11 +195,6 @@ def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
     return graph.fixed_bytes + int(parsed * (no_remat_peak - graph.fixed_bytes))
 
 
-def _plan_cost(p: Plan) -> tuple[int, int]:
-    """What placements are compared by: modelled cost (recompute and offload), then peak."""
-    return p.recompute_flops + p.offload_flops, p.peak_bytes
-
-
 def _lower_bound(problem: policy_model.PolicyProblem) -> int:
     """A peak no plan goes below: what every plan holds (the values it must save and the
     bytes in use whatever the plan), nothing recomputed."""
@@ -214,8 +210,11 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
 
     Each candidate placement (:func:`autoremat._trace.placements`: region boundaries,
     and top-level scans whole or split into pieces) is solved with an equal share of
-    ``time_limit_s``; the plan that recomputes least (then the lower peak, then the
-    earlier placement: scans whole before split, finer before coarser) is returned.
+    ``time_limit_s``; the plan that costs least (recompute and offload, in the solver's
+    units: FLOPs or measured times; then the lower peak, then the earlier placement: scans
+    whole before split, finer before coarser) is returned. It is ``"optimal"`` only when
+    every placement was solved to optimality or ruled out; otherwise its gap is to the
+    least lower bound of the placements the time limit stopped.
     """
     program = _trace.trace_program(flat_fn, avals)
     programs = [program]
@@ -224,6 +223,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     candidates = [(p, cuts) for p in programs for cuts in _trace.placements(p)]
     share = time_limit_s / len(candidates)
     best: Plan | None = None
+    best_key = (math.inf, 0)  # (cost in the solver's units, peak) of ``best``
+    lower = math.inf  # the least lower bound on the cost of placements left unproven
     floors: list[int] = []
     below: list[policy_model.PolicyProblem] = []
     spent = 0.0
@@ -238,7 +239,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
             budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
         if budget_bytes >= baseline.peak_bytes:
             # Saving everything fits, and recomputes nothing that can be saved: optimal.
-            d = baseline
+            d, cost = baseline, 0.0
         elif budget_bytes < _lower_bound(problem):
             below.append(problem)
             continue
@@ -249,9 +250,11 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
             if result.status is MilpStatus.INFEASIBLE:
                 floors.append(result.peak)
                 continue
+            if result.status is not MilpStatus.OPTIMAL:
+                lower = min(lower, result.bound)
             if result.status is MilpStatus.NO_SOLUTION:
                 continue
-            d = _solve.decisions(graph, problem, result)
+            d, cost = _solve.decisions(graph, problem, result), result.cost
         found = Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=budget_bytes,
                      peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
                      recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
@@ -260,11 +263,14 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
                      offloaded=d.offloaded, offloaded_bytes=d.offloaded_bytes,
                      offload_flops=d.offload_flops, offload=offload,
                      scan_pieces=graph.scan_pieces)
-        if best is None or _plan_cost(found) < _plan_cost(best):
-            best = found
-        if _plan_cost(best)[0] == 0:
+        if (cost, found.peak_bytes) < best_key:
+            best, best_key = found, (cost, found.peak_bytes)
+        if cost == 0:
             break
     if best is not None:
+        if lower < best_key[0]:
+            gap = max(best.gap, (best_key[0] - max(0.0, lower)) / best_key[0])
+            best = dataclasses.replace(best, status="feasible", gap=gap)
         return dataclasses.replace(best, solve_seconds=spent)
     if len(floors) + len(below) == len(candidates):
         lowest = [policy_model.solve_min_peak(p, time_limit_s=share) for p in below]
