@@ -201,8 +201,12 @@ def split_scans(program: Program, scan_pieces: Sequence[tuple[int, ...]],
     ``scan_pieces[k]`` iterations (whole where that is ``()``), traced again at ``avals``.
 
     Each piece is a region of its own with its own decisions, so a plan can treat some
-    iterations of a loop one way and the rest another, as unrolled code can. Each piece
-    scans a slice of the loop's inputs and its results are concatenated.
+    iterations of a loop one way and the rest another, as unrolled code can. A piece
+    scans its iteration numbers and reads its iteration's slice of the loop's inputs
+    inside the body: slicing the stacked inputs (the layers' weights) before the loop
+    would copy them, and the copies would live until the backward pass (measured on
+    GPT-2-small scanned, TPU v5e: 162 MiB, the plan at 4.24 GiB then recomputes 1.2%
+    instead of 0.84%). The pieces' results are concatenated.
     """
     scans = [e for e in program.eqns if e.scan_body is not None]
     pieces_of = {e: p for e, p in zip(scans, scan_pieces) if p}
@@ -228,13 +232,16 @@ def _run_scan_pieces(eqn: Eqn, invals: list, consts: Mapping[int, Any],
     p = eqn.params
     n_consts, n_carry = p["num_consts"], p["num_carry"]
     const_vals, carry, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+    fn = scan_body_fn(eqn.scan_body, consts, frozenset())
+
+    def step(c: list, i: jax.Array) -> tuple[list, list]:
+        return fn(const_vals, c, [jax.lax.dynamic_index_in_dim(x, i, keepdims=False) for x in xs])
+
     ys_pieces, start = [], 0
     for length in pieces:
-        part = [jax.lax.slice_in_dim(x, start, start + length) for x in xs]
-        piece = dataclasses.replace(eqn, params={**p, "length": length})
-        outs = _run_scan(piece, [*const_vals, *carry, *part], consts, frozenset(), None)
-        carry = outs[:n_carry]
-        ys_pieces.append(outs[n_carry:])
+        carry, ys = jax.lax.scan(step, carry, jax.lax.iota(np.int32, length) + start,
+                                 unroll=p["unroll"])
+        ys_pieces.append(ys)
         start += length
     return [*carry, *(jax.lax.concatenate(list(ys), 0) for ys in zip(*ys_pieces))]
 

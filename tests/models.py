@@ -7,8 +7,29 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax._src import ad_checkpoint
+from jax._src import core as jax_core
+from jax._src.lax import lax as lax_internal
 
 from autoremat.zoo import gpt2
+
+
+def saved_residuals(fn: Any, *args: Any) -> list[tuple[Any, str]]:
+    """JAX's ``saved_residuals(fn, *args)``, each saved buffer listed once.
+
+    With ``jax_remat3`` the VJP of a scan can list one residual twice (the same variable,
+    one buffer), which JAX's own utility rejects with an assertion.
+    """
+    closed, shapes = jax.make_jaxpr(lambda *a: jax.vjp(fn, *a), return_shape=True)(*args)
+    jaxpr = closed.jaxpr
+    num_res = len(jax.tree.leaves(shapes[1]))
+    marker = {e.outvars[0]: e.invars[0] for e in jaxpr.eqns
+              if e.primitive is lax_internal.reduce_precision_p}
+    outs = jaxpr.outvars[len(jaxpr.outvars) - num_res:]
+    unique = {marker.get(v, v): v for v in outs if not isinstance(v, jax_core.Literal)}
+    literals = [v for v in outs if isinstance(v, jax_core.Literal)]
+    jaxpr = jaxpr.replace(outvars=[*literals, *unique.values()])
+    return ad_checkpoint._saved_residuals(jaxpr, ("argument",) * len(jaxpr.invars))
 
 
 def mlp() -> tuple[Any, tuple]:

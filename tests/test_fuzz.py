@@ -42,10 +42,10 @@ import pytest
 from autoremat_solvers import policy as policy_model
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from jax._src.ad_checkpoint import saved_residuals
 
 import autoremat
 from autoremat import _solve
+from tests.models import saved_residuals
 
 WIDTH, ROWS, STACK = 8, 4, 3
 UNARY = {"tanh": jnp.tanh, "sin": jnp.sin, "relu": jax.nn.relu, "square": jnp.square,

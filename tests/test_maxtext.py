@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 import yaml
-from jax._src.ad_checkpoint import saved_residuals
 
 import autoremat
 from autoremat import zoo
+from tests.models import saved_residuals
 
 
 def _loss_and_args(name: str) -> tuple:
@@ -72,13 +72,14 @@ def test_a_plan_that_saves_a_name_says_device_for_it():
     assert config["qkv_proj"] == "device"
 
 
-def test_the_floor_recomputes_most_names():
+def test_the_floor_recomputes_most_named_tensors_and_config_says_where():
     plan = _zoo_plan("gpt2-small-scan-tiny", "floor")
-    config = plan.maxtext_config()
-    remat = [n for n, choice in config.items() if choice == "remat"]
-    assert len(remat) > len(config) / 2, config
-    for name in remat:
-        assert all(v.id in plan.recomputed for v in _named(plan, name))
+    named = [v for v in plan.graph.values if v.user_name]
+    assert sum(v.id in plan.recomputed for v in named) > len(named) / 2
+    # The floor splits the layer scan (pieces differ), so some names are "mixed".
+    for name, choice in plan.maxtext_config().items():
+        recomputed = {v.id in plan.recomputed for v in _named(plan, name)}
+        assert recomputed == {"remat": {True}, "device": {False}, "mixed": {True, False}}[choice]
 
 
 def test_a_choice_that_differs_between_layers_is_mixed_with_counts(tmp_path):
@@ -115,7 +116,9 @@ def _scanned_named_mlp(policy=None):
 
 def test_the_name_policy_keeps_what_a_plan_over_named_tensors_keeps(tmp_path):
     loss = _scanned_named_mlp()
-    args = (jax.ShapeDtypeStruct((6, 2, 64, 64), jnp.float32),
+    # 3 layers: a loop this short is never split into pieces (whose plans can differ, which
+    # one policy for every layer cannot say: see the "mixed" test above).
+    args = (jax.ShapeDtypeStruct((3, 2, 64, 64), jnp.float32),
             jax.ShapeDtypeStruct((32, 64), jnp.float32))
     top = autoremat.plan(loss, *args, budget=1.0)
     with pytest.raises(autoremat.InfeasibleBudgetError) as info:
