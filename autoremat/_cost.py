@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 from jax._src import core as jax_core
+from jax._src.ad_checkpoint import CheckpointName
 
 _FREE = frozenset(["reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "convert_element_type", "bitcast_convert_type", "slice", "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "rev", "copy", "gather", "iota", "select_n", "tile", "stop_gradient", "name", "reduce_precision", "optimization_barrier", "device_put", "sharding_constraint", "split", "real", "imag", "complex", "empty", "zeros_like", "full_like", "pvary", "mesh_cast", "random_wrap", "random_unwrap", "random_seed", "random_bits", "threefry2x32", "empty2", "debug_print", "debug_callback"])
 
@@ -112,6 +113,8 @@ def _sub(params: dict, key: str) -> jax_core.Jaxpr:
 def eqn_flops(name: str, params: dict, in_avals: list, out_avals: list) -> int:
     """FLOPs of one application of primitive ``name``."""
     out = sum(_size(a) for a in out_avals)
+    if name == "call_hi_primitive" and isinstance(params["_prim"], CheckpointName):
+        return 0  # ``checkpoint_name`` with ``jax_remat3`` on
     if name == "dot_general":
         (lhs_contract, _), _ = params["dimension_numbers"]
         k = math.prod(in_avals[0].shape[d] for d in lhs_contract)

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from jax._src import core as jax_core
 from jax._src import source_info_util
+from jax._src.ad_checkpoint import CheckpointName, name_p
 from jax.ad_checkpoint import checkpoint_name
 
 # Calls whose body is inlined into the caller. An existing checkpoint is dropped:
@@ -149,7 +150,11 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
             env.update(zip(eqn.outvars, outs))
             body = _flatten_scan_body(eqn, fresh, walk) if (top and name == "scan") else None
             shard_body = _flatten_shard_body(eqn, fresh, walk) if name == "shard_map" else None
-            out.append(Eqn(eqn.primitive, eqn.params, tuple(ins), outs, eqn.source_info,
+            primitive, params = eqn.primitive, eqn.params
+            if name == "call_hi_primitive" and isinstance(params["_prim"], CheckpointName):
+                # ``checkpoint_name`` with ``jax_remat3`` on: the same identity, as ``name``.
+                primitive, params = name_p, {"name": params["_prim"].params["name"]}
+            out.append(Eqn(primitive, params, tuple(ins), outs, eqn.source_info,
                            eqn.ctx, body, shard_body))
         return [read(v) for v in jaxpr.outvars]
 

@@ -2,9 +2,10 @@
 
 The forward program is traced with :func:`jax.make_jaxpr`, flattened
 (:mod:`autoremat._program`) and split into remat regions: each top-level ``scan`` is one
-region per iteration, and the unrolled code between scans is cut into segments where
-few bytes cross (see :func:`segment_cuts`), so that recomputation happens close to where
-the backward pass uses it.
+region per iteration (or, split into pieces by :func:`autoremat._program.split_scans`,
+each piece is), and the unrolled code between scans is cut into segments where few
+bytes cross (see :func:`segment_cuts`), so that recomputation happens close to where the
+backward pass uses it.
 
 Which values the backward pass reads is not guessed from a table: for every region JAX
 itself is asked. Every value of the region is named, the region is wrapped in a

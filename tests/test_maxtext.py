@@ -7,9 +7,11 @@ import collections
 import dataclasses
 import functools
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import yaml
 
@@ -146,3 +148,23 @@ def test_a_function_without_names_has_no_maxtext_configuration(tmp_path):
     with pytest.raises(ValueError, match="no tensor .* carries a checkpoint_name"):
         plan.save_maxtext(tmp_path / "remat.yml")
     assert not (tmp_path / "remat.yml").exists()
+
+
+def test_names_are_read_with_jax_remat3_on_too():
+    """With ``jax_remat3`` a name is a ``call_hi_primitive``: still a free, fused name."""
+    old = jax.config.jax_remat3
+    jax.config.update("jax_remat3", True)
+    try:
+        loss = _scanned_named_mlp()
+        args = (jnp.ones((3, 2, 16, 16)) / 16, jnp.ones((8, 16)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "no cost model for primitive" warning
+            plan = autoremat.plan(loss, *args, budget=1.0)
+        assert collections.Counter(v.user_name for v in plan.graph.values if v.user_name) == {
+            "mlpwi": 1, "act": 1, "mlpwo": 1}  # in the body of the scan
+        assert all(v.primitive == "name" and v.flops == 0
+                   for v in plan.graph.values if v.user_name)
+        for g0, g1 in zip(jax.grad(loss)(*args), jax.grad(plan.apply(loss))(*args)):
+            np.testing.assert_allclose(g1, g0, rtol=1e-6)
+    finally:
+        jax.config.update("jax_remat3", old)
