@@ -383,12 +383,14 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         if peak <= target_bytes:
             return dataclasses.replace(result, budget_bytes=target_bytes,
                                        verified_peak_bytes=peak, verify_target=verify)
-        # Lowered by the excess, more each round (the compiler's peak moves in steps), and
-        # at least so far that a plan the model underestimates as much as the worst seen
-        # so far would fit.
+        # Lowered by the excess but at least 0.5% of the budget, more each round (the
+        # compiler's peak moves in steps: a plan a few MiB lower can come out the same),
+        # and at least so far that a plan the model underestimates as much as the worst
+        # seen so far would fit.
         underestimate = max(underestimate, peak - result.peak_bytes)
-        model_budget = max(1, min(result.budget_bytes - attempt * (peak - target_bytes),
-                                  target_bytes - underestimate) - _VERIFY_MARGIN)
+        step = attempt * max(peak - target_bytes, target_bytes // 200)
+        model_budget = max(1, min(result.budget_bytes - step, target_bytes - underestimate)
+                           - _VERIFY_MARGIN)
     raise BudgetNotVerifiedError(
         f"after {verify_rounds} compiles for {verify} the step still peaks at "
         f"{format_bytes(peak)} against a budget of {format_bytes(target_bytes)}; raise "

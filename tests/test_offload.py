@@ -242,7 +242,13 @@ def test_tpu_compiler_puts_offloaded_residuals_in_host_memory():
     compiled = jax.jit(jax.grad(p.apply(loss))).lower(*avals).compile(compiler_options=options)
     text = compiled.as_text()
     host_writes = re.findall(r"S\(5\)\} dynamic-update-slice-done\(", text)
-    assert len(host_writes) == len(p.offloaded)
+    length = {v.id: p.graph.regions[v.region].length for v in p.graph.values}
+    looped = [v for v in p.offloaded if length[v] > 1]
+    assert len(host_writes) == len(looped) > 0
+    # A scan piece of one iteration is no loop once compiled: its offloaded values are
+    # copied to host memory directly.
+    if len(looped) < len(p.offloaded):
+        assert re.findall(r"S\(5\)\} copy-done\(", text)
     assert compiled.memory_analysis().host_temp_size_in_bytes == m.host_temp_bytes
 
 
