@@ -387,6 +387,8 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
     free = set(program.args) | set(program.consts)
     differentiable = _differentiable(program)
     grad_bytes = _grad_bytes_by_region(program, regions)
+    last_reader = {a: r.index for r in regions for e in r.eqns for a in e.ins
+                   if isinstance(a, int)}
 
     records: dict[int, dict[str, Any]] = {}
     region_infos = []
@@ -502,7 +504,14 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
         work = _work_bytes(body.eqns, [*body.carry_in, *body.xs_in], kept, program.value_bytes,
                            free | set(body.consts) | set(body.xs_in))
         cotangents = _cotangent_bytes(body.eqns, kept, program.value_bytes, differentiable)
-        region_infos.append(Region(r.index, "scan", length, work, cotangents,
+        # The loop sums the gradient of each differentiable constant in a buffer of its
+        # size; where a later region reads the constant too, the gradient made there so
+        # far is live beside it (measured on TPU v5e: pieces of a split scan of 64 MiB of
+        # stacked weights peak one weights' size above the whole scan).
+        accumulators = sum(program.value_bytes(c) for c in dict.fromkeys(outer_consts)
+                           if isinstance(c, int) and c in differentiable
+                           and last_reader[c] > r.index)
+        region_infos.append(Region(r.index, "scan", length, work, cotangents + accumulators,
                                    grad_bytes[r.index]))
 
     # An xs slice is a view of the scan's input: reading it holds the whole input.
