@@ -7,7 +7,7 @@ import functools
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -49,6 +49,9 @@ class BudgetNotVerifiedError(RuntimeError):
 
 # Lowered a little past the measured excess, so the next plan does not land on the edge.
 _VERIFY_MARGIN = 2**20
+
+# A placement: how top-level scans are split (``Plan.scan_pieces``) and the region cuts.
+Placement = tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]
 
 
 class SolverTimeoutError(RuntimeError):
@@ -205,7 +208,8 @@ def _lower_bound(problem: policy_model.PolicyProblem) -> int:
 def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: Budget, *,
               time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
               offload: OffloadConfig | None = None, progress: Progress | None = None,
-              op_times: OpTimes | None = None) -> Plan:
+              op_times: OpTimes | None = None,
+              margins: Mapping[Placement, int] | None = None) -> Plan:
     """:func:`plan` for a function of flat array arguments returning a flat list.
 
     Each candidate placement (:func:`autoremat._trace.placements`: region boundaries,
@@ -214,7 +218,9 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     units: FLOPs or measured times; then the lower peak, then the earlier placement: scans
     whole before split, finer before coarser) is returned. It is ``"optimal"`` only when
     every placement was solved to optimality or ruled out; otherwise its gap is to the
-    least lower bound of the placements the time limit stopped.
+    least lower bound of the placements the time limit stopped. ``margins`` lowers the
+    budget a placement is solved for by its margin (the closed loop's correction for
+    how far the compiler's peak of that placement's plans came out above the model's).
     """
     program = _trace.trace_program(flat_fn, avals)
     programs = [program]
@@ -226,7 +232,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     best_key = (math.inf, 0)  # (cost in the solver's units, peak) of ``best``
     lower = math.inf  # the least lower bound on the cost of placements left unproven
     floors: list[int] = []
-    below: list[policy_model.PolicyProblem] = []
+    below: list[tuple[policy_model.PolicyProblem, int]] = []
     spent = 0.0
     budget_bytes = 0
     for k, (program, cuts) in enumerate(candidates):
@@ -237,18 +243,19 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
         baseline = _solve.no_remat(graph, problem)
         if k == 0:
             budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
-        if budget_bytes >= baseline.peak_bytes:
+        margin = (margins or {}).get((program.scan_pieces, tuple(cuts)), 0)
+        if budget_bytes - margin >= baseline.peak_bytes:
             # Saving everything fits, and recomputes nothing that can be saved: optimal.
             d, cost = baseline, 0.0
-        elif budget_bytes < _lower_bound(problem):
-            below.append(problem)
+        elif budget_bytes - margin < _lower_bound(problem):
+            below.append((problem, margin))
             continue
         else:
-            result = policy_model.solve(problem, budget_bytes, time_limit_s=share,
+            result = policy_model.solve(problem, budget_bytes - margin, time_limit_s=share,
                                         backends=backends, progress=progress)
             spent += result.wall_s
             if result.status is MilpStatus.INFEASIBLE:
-                floors.append(result.peak)
+                floors.append(result.peak + margin)
                 continue
             if result.status is not MilpStatus.OPTIMAL:
                 lower = min(lower, result.bound)
@@ -273,8 +280,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
             best = dataclasses.replace(best, status="feasible", gap=gap)
         return dataclasses.replace(best, solve_seconds=spent)
     if len(floors) + len(below) == len(candidates):
-        lowest = [policy_model.solve_min_peak(p, time_limit_s=share) for p in below]
-        floors += [r.peak for r in lowest if r.save is not None]
+        lowest = [(policy_model.solve_min_peak(p, time_limit_s=share), m) for p, m in below]
+        floors += [r.peak + m for r, m in lowest if r.save is not None]
         if floors:
             raise InfeasibleBudgetError(budget_bytes, min(floors))
     raise SolverTimeoutError(
@@ -361,17 +368,20 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
                                                 argnums=argnums).peak_bytes
     model_budget: Budget = budget
     target_bytes = None
-    underestimate = 0  # the most the compiler's peak has exceeded a plan's predicted one
+    # Per placement, how far below the budget its plans are solved: the model's error on
+    # the compiler differs between placements (a split scan's gradient buffers are laid
+    # out by XLA's scheduler, which the model follows only roughly).
+    margins: dict[Placement, int] = {}
     lowest_real = None  # the lowest compiler peak of the plans compiled so far
     for attempt in range(1, verify_rounds + 1):
         try:
-            result = solve(model_budget)
+            result = solve(model_budget, margins=margins)
         except InfeasibleBudgetError as e:
             # Below the model's floor: its lowest plan may still fit on the compiler. The
             # compiler's peak is not monotone in the model's, so a plan compiled in an
             # earlier round may have come out lower: the floor reported is the lower.
             target_bytes = target_bytes or e.budget_bytes
-            result = solve(e.floor_bytes)
+            result = solve(e.floor_bytes, margins=margins)
             peak = real_peak(result)
             if peak > target_bytes:
                 raise InfeasibleBudgetError(target_bytes, min(peak, lowest_real or peak)
@@ -383,14 +393,15 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         if peak <= target_bytes:
             return dataclasses.replace(result, budget_bytes=target_bytes,
                                        verified_peak_bytes=peak, verify_target=verify)
-        # Lowered by the excess but at least 0.5% of the budget, more each round (the
-        # compiler's peak moves in steps: a plan a few MiB lower can come out the same),
-        # and at least so far that a plan the model underestimates as much as the worst
-        # seen so far would fit.
-        underestimate = max(underestimate, peak - result.peak_bytes)
+        # That placement is solved lower by the excess but at least 0.5% of the budget,
+        # more each round (the compiler's peak moves in steps: a plan a few MiB lower can
+        # come out the same), and at least by as much as the compiler's peak exceeded
+        # the model's for it.
+        model_budget = target_bytes
+        key = (result.scan_pieces, result.cuts)
         step = attempt * max(peak - target_bytes, target_bytes // 200)
-        model_budget = max(1, min(result.budget_bytes - step, target_bytes - underestimate)
-                           - _VERIFY_MARGIN)
+        used = margins.get(key, 0) + (target_bytes - result.budget_bytes)
+        margins[key] = max(used + step, peak - result.peak_bytes) + _VERIFY_MARGIN
     raise BudgetNotVerifiedError(
         f"after {verify_rounds} compiles for {verify} the step still peaks at "
         f"{format_bytes(peak)} against a budget of {format_bytes(target_bytes)}; raise "
