@@ -404,8 +404,9 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         margins[key] = max(used + step, peak - result.peak_bytes) + _VERIFY_MARGIN
     raise BudgetNotVerifiedError(
         f"after {verify_rounds} compiles for {verify} the step still peaks at "
-        f"{format_bytes(peak)} against a budget of {format_bytes(target_bytes)}; raise "
-        "verify_rounds or the budget.")
+        f"{format_bytes(peak)} against a budget of {format_bytes(target_bytes)} (the lowest "
+        f"plan compiled peaked at {format_bytes(lowest_real)}); raise verify_rounds or the "
+        "budget.")
 
 
 def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int] = (),
