@@ -198,6 +198,11 @@ def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
     return graph.fixed_bytes + int(parsed * (no_remat_peak - graph.fixed_bytes))
 
 
+def _placement(of: Graph | Plan) -> Placement:
+    """The placement a graph was traced with, or a plan made with."""
+    return of.scan_pieces, tuple(of.cuts)
+
+
 def _lower_bound(problem: policy_model.PolicyProblem) -> int:
     """A peak no plan goes below: what every plan holds (the values it must save and the
     bytes in use whatever the plan), nothing recomputed."""
@@ -225,7 +230,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     program = _trace.trace_program(flat_fn, avals)
     programs = [program]
     if any(pieces := _program.scan_pieces_of(program)):
-        programs.append(_trace.trace_program(flat_fn, avals, pieces))
+        programs.append(_trace.split_program(program, avals, pieces))
     candidates = [(p, cuts) for p in programs for cuts in _trace.placements(p)]
     share = time_limit_s / len(candidates)
     best: Plan | None = None
@@ -243,7 +248,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
         baseline = _solve.no_remat(graph, problem)
         if k == 0:
             budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
-        margin = (margins or {}).get((program.scan_pieces, tuple(cuts)), 0)
+        margin = (margins or {}).get(_placement(graph), 0)
         if budget_bytes - margin >= baseline.peak_bytes:
             # Saving everything fits, and recomputes nothing that can be saved: optimal.
             d, cost = baseline, 0.0
@@ -398,7 +403,7 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         # come out the same), and at least by as much as the compiler's peak exceeded
         # the model's for it.
         model_budget = target_bytes
-        key = (result.scan_pieces, result.cuts)
+        key = _placement(result)
         step = attempt * max(peak - target_bytes, target_bytes // 200)
         used = margins.get(key, 0) + (target_bytes - result.budget_bytes)
         margins[key] = max(used + step, peak - result.peak_bytes) + _VERIFY_MARGIN

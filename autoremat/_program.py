@@ -234,9 +234,7 @@ def split_scans(program: Program, scan_pieces: Sequence[tuple[int, ...]],
 
 def _run_scan_pieces(eqn: Eqn, invals: list, consts: Mapping[int, Any],
                      pieces: Sequence[int]) -> list:
-    p = eqn.params
-    n_consts, n_carry = p["num_consts"], p["num_carry"]
-    const_vals, carry, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
+    const_vals, carry, xs = scan_operands(eqn, invals)
     fn = scan_body_fn(eqn.scan_body, consts, frozenset())
 
     def step(c: list, i: jax.Array) -> tuple[list, list]:
@@ -245,7 +243,7 @@ def _run_scan_pieces(eqn: Eqn, invals: list, consts: Mapping[int, Any],
     ys_pieces, start = [], 0
     for length in pieces:
         carry, ys = jax.lax.scan(step, carry, jax.lax.iota(np.int32, length) + start,
-                                 unroll=p["unroll"])
+                                 unroll=eqn.params["unroll"])
         ys_pieces.append(ys)
         start += length
     return [*carry, *(jax.lax.concatenate(list(ys), 0) for ys in zip(*ys_pieces))]
@@ -401,12 +399,18 @@ def scan_body_fn(body: ScanBody, consts: Mapping[int, Any], named: frozenset[int
     return fn
 
 
+def scan_operands(eqn: Eqn, operands: Sequence[Any]) -> tuple[list, list, list]:
+    """A scan's operands split into its constants, initial carry and scanned inputs."""
+    n_consts, n_carry = eqn.params["num_consts"], eqn.params["num_carry"]
+    ops = list(operands)
+    return ops[:n_consts], ops[n_consts:n_consts + n_carry], ops[n_consts + n_carry:]
+
+
 def _run_scan(eqn: Eqn, invals: list, consts: Mapping[int, Any], named: frozenset[int],
               policy: Callable | None) -> list:
-    body, p = eqn.scan_body, eqn.params
-    n_consts, n_carry = p["num_consts"], p["num_carry"]
-    const_vals, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
-    fn = scan_body_fn(body, consts, named)
+    p = eqn.params
+    const_vals, init, xs = scan_operands(eqn, invals)
+    fn = scan_body_fn(eqn.scan_body, consts, named)
     step = lambda carry, x: fn(const_vals, carry, x)
     if policy is not None:
         step = jax.checkpoint(step, policy=policy, prevent_cse=False)

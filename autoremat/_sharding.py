@@ -262,9 +262,8 @@ def _size_with(s: _Specs, i: int, spec: Spec) -> int:
 
 def _scan(e: Eqn, s: _Specs, follows: Mapping[int, list[Spec]],
           calls: Mapping[int, list[Spec]]) -> None:
-    body, n_consts = e.scan_body, e.params["num_consts"]
-    outer = {"consts": e.ins[:n_consts], "carry": e.ins[n_consts:n_consts + len(body.carry_in)],
-             "xs": e.ins[n_consts + len(body.carry_in):]}
+    body = e.scan_body
+    outer = dict(zip(("consts", "carry", "xs"), _program.scan_operands(e, e.ins)))
     for inner, a in zip(body.consts, outer["consts"]):
         s.set(inner, s.spec(a) or _replicated(s.shape(inner)), a in s.guessed)
     for inner, a in zip(body.xs_in, outer["xs"]):

@@ -240,13 +240,14 @@ def _differentiable(program: Program) -> set[int]:
     return out
 
 
-def _grad_bytes_by_region(program: Program, regions: Sequence[Segment]) -> list[int]:
+def _grad_bytes_by_region(program: Program, num_regions: int, last_reader: dict[int, int]
+                          ) -> list[int]:
     """Bytes of argument gradients that exist at each region's backward stage: an
-    argument's gradient appears at the backward of the last region reading it."""
-    last = {a: r.index for r in regions for e in r.eqns for a in e.ins if isinstance(a, int)}
-    grads = [(last.get(a, len(regions)), program.value_bytes(a))
+    argument's gradient appears at the backward of the last region reading it
+    (``last_reader``)."""
+    grads = [(last_reader.get(a, num_regions), program.value_bytes(a))
              for a in program.args if _is_float(program.avals[a])]
-    return [sum(b for r, b in grads if r >= i) for i in range(len(regions))]
+    return [sum(b for r, b in grads if r >= i) for i in range(num_regions)]
 
 
 def _source(eqn: Eqn) -> str:
@@ -352,14 +353,21 @@ def _warn_unplanned(nbytes: int, region: Segment) -> None:
 def trace_program(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
                   scan_pieces: Sequence[tuple[int, ...]] = ()) -> Program:
     """The flattened forward program of ``flat_fn`` (flat array arguments to a flat list
-    of outputs), its top-level scans split into ``scan_pieces``
-    (:func:`autoremat._program.split_scans`), checked for side effects a remat region
-    cannot replay, with per-device sizes from the avals' shardings
-    (:mod:`autoremat._sharding`)."""
+    of outputs), checked for side effects a remat region cannot replay, its top-level
+    scans split into ``scan_pieces`` (see :func:`split_program`)."""
     program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
+    _check_effects(program.eqns)
+    return split_program(program, avals, scan_pieces)
+
+
+def split_program(program: Program, avals: Sequence[jax.ShapeDtypeStruct],
+                  scan_pieces: Sequence[tuple[int, ...]]) -> Program:
+    """``program`` (traced at ``avals``) with its top-level scans split into
+    ``scan_pieces`` (:func:`autoremat._program.split_scans`; none when every entry is
+    ``()``), with per-device sizes from the avals' shardings (:mod:`autoremat._sharding`).
+    """
     if any(scan_pieces):
         program = _program.split_scans(program, scan_pieces, avals)
-    _check_effects(program.eqns)
     return _sharding.localize(program, [getattr(a, "sharding", None) for a in avals])
 
 
@@ -386,9 +394,9 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
     regions = _program.split_regions(program, cuts)
     free = set(program.args) | set(program.consts)
     differentiable = _differentiable(program)
-    grad_bytes = _grad_bytes_by_region(program, regions)
     last_reader = {a: r.index for r in regions for e in r.eqns for a in e.ins
                    if isinstance(a, int)}
+    grad_bytes = _grad_bytes_by_region(program, len(regions), last_reader)
 
     records: dict[int, dict[str, Any]] = {}
     region_infos = []
@@ -468,9 +476,7 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
             continue
         (scan,) = r.eqns
         body, length = scan.scan_body, scan.params["length"]
-        n_consts = scan.params["num_consts"]
-        outer_consts = scan.ins[:n_consts]
-        outer_xs = scan.ins[n_consts + len(body.carry_in):]
+        outer_consts, _, outer_xs = _program.scan_operands(scan, scan.ins)
         add_eqns([scan], r.index, 1, {})
         alias = dict(zip(body.consts, outer_consts))
         for c in body.carry_in:
