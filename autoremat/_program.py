@@ -412,8 +412,8 @@ def _run_scan(eqn: Eqn, invals: list, consts: Mapping[int, Any], named: frozense
     const_vals, init, xs = scan_operands(eqn, invals)
     fn = scan_body_fn(eqn.scan_body, consts, named)
     step = lambda carry, x: fn(const_vals, carry, x)
-    if policy is not None:
-        step = jax.checkpoint(step, policy=policy, prevent_cse=False)
+    if policy is not None:  # XLA inlines a one-iteration loop, then merges what is not kept
+        step = jax.checkpoint(step, policy=policy, prevent_cse=p["length"] == 1)
     carry, ys = jax.lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"],
                              unroll=p["unroll"])
     return [*carry, *ys]
