@@ -14,6 +14,8 @@ optimum when higher), the solver's status and wall time and the simulator's verd
 ``--only GRAPH:POINT`` restricts a graph to the listed budget points. The "own gap" column is a
 solver's cost against its own proven lower bound: for an exact solver, 0 with status optimal
 (its wall time is then the time to the proof), else the gap left at the time limit.
+``--zoo MODEL ...`` runs autoremat's zoo models instead: their training graphs are exported
+with ``autoremat._export.training_graph`` (the only use of JAX here) into ``OUT/graphs``.
 
 Usage:
   PYTHONPATH=solvers nice -n 10 python solvers/bench/checkmate_bench.py \
@@ -23,6 +25,8 @@ Usage:
       --graphs VGG16 VGG19 MobileNet ResNet50 --solvers checkmate_milp_warm jax_policy \
       --time-limit 120 --only ResNet50:p90 ResNet50:s50 --exact ResNet50:p90:600 ResNet50:s50:600 \
       --out solvers/bench/results/exact
+  PYTHONPATH=solvers nice -n 15 python solvers/bench/checkmate_bench.py \
+      --zoo mlp-tiny resnet-tiny unet-tiny gpt2-small-tiny --time-limit 20 --out solvers/bench/results/zoo
 """
 
 from __future__ import annotations
@@ -62,6 +66,21 @@ def _budgets(graph: ComputeGraph) -> tuple[int, int, dict[str, float]]:
     points.update({f"s{round(100 * x)}": lowest + x * (peak_all - lowest) for x in SPAN_POINTS})
     points.update({f"p{round(100 * x)}": x * peak_all for x in PEAK_POINTS if x * peak_all >= lowest})
     return peak_all, lowest, dict(sorted(points.items(), key=lambda kv: kv[1]))
+
+
+def _export_zoo(names: list[str], directory: pathlib.Path) -> list[pathlib.Path]:
+    """Writes the training graphs of zoo models ``names`` as ``directory/NAME__zoo_train_nx.json``."""
+    from autoremat import zoo
+    from autoremat._export import training_graph
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names:
+        model = zoo.get(name)
+        data = training_graph(model.make_loss(), model.param_shapes(), model.batch_shapes(), name=name)
+        paths.append(directory / f"{name}__zoo_train_nx.json")
+        paths[-1].write_text(json.dumps(data))
+    return paths
 
 
 def _run_graph(path: pathlib.Path, solvers: list[str], time_limit_s: float, exact: dict[tuple[str, str], float],
@@ -111,6 +130,11 @@ def _run_graph(path: pathlib.Path, solvers: list[str], time_limit_s: float, exac
             )
             print(_md_row(rows[-1]), flush=True)
     return rows
+
+
+def _bytes(x: float) -> str:
+    """``x`` bytes in GiB, or in MiB below 1 GiB (the zoo's tiny models)."""
+    return f"{x / 2**30:.2f} GiB" if x >= 2**30 else f"{x / 2**20:.3f} MiB"
 
 
 def _fmt(x: float, spec: str) -> str:
@@ -195,8 +219,8 @@ def _write(rows: list[dict], out: pathlib.Path, argv: list[str]) -> None:
     meta = {"command": command, "versions": _versions(), "machine": platform.machine(), "rows": finite}
     (out / "results.json").write_text(json.dumps(meta, indent=1))
     floors = "\n".join(
-        f"- {r['graph']}: proven floor {r['proven_floor_bytes'] / 2**30:.2f} GiB, lowest found "
-        f"{r['lowest_found_bytes'] / 2**30:.2f} GiB, checkpoint-all peak {r['peak_all_bytes'] / 2**30:.2f} GiB"
+        f"- {r['graph']} ({r['n']} nodes): proven floor {_bytes(r['proven_floor_bytes'])}, lowest found "
+        f"{_bytes(r['lowest_found_bytes'])}, checkpoint-all peak {_bytes(r['peak_all_bytes'])}"
         for r in {r["graph"]: r for r in rows}.values()
     )
     (out / "results.md").write_text(
@@ -216,13 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exact", nargs="*", default=[], help="GRAPH:POINT:SECONDS, a longer MILP limit")
     parser.add_argument("--only", nargs="*", default=[], help="GRAPH:POINT, run only these points of GRAPH")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("checkmate_bench_out"))
+    parser.add_argument("--zoo", nargs="*", default=[], help="zoo models to export and run instead (needs autoremat)")
     args = parser.parse_args(argv)
-    if not args.graph_dir.is_dir():
+    if not args.zoo and not args.graph_dir.is_dir():
         print(f"graph directory {args.graph_dir} is absent; nothing to benchmark")
         return 0
     exact = {(g, p): float(sec) for g, p, sec in (e.split(":") for e in args.exact)}
     only = {tuple(e.split(":")) for e in args.only}
-    paths = [p for p in sorted(args.graph_dir.glob("*_train_nx.json"))]
+    paths = _export_zoo(args.zoo, args.out / "graphs") if args.zoo else sorted(args.graph_dir.glob("*_train_nx.json"))
     if args.graphs:
         paths = [p for s in args.graphs for p in paths if s in p.name]
     print(_HEADER)
