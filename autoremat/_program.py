@@ -450,7 +450,16 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
 
     if policy is None or region.kind == "scan":
         return fn
-    return jax.checkpoint(fn, policy=policy)
+
+    def segment(*inputs: Any) -> list:
+        # Transposed, the barrier hands out the cotangents of all the region's inputs at
+        # once: the region's backward (weight gradients included) ends before the backward of
+        # the regions before it starts, as the memory model's stages assume. Without it XLA
+        # scheduled a language-model head's weight gradient after every layer's backward,
+        # keeping the logits it reads live throughout.
+        return fn(*jax.lax.optimization_barrier(inputs))
+
+    return jax.checkpoint(segment, policy=policy)
 
 
 def run_program(program: Program, regions: Sequence[Segment], named: frozenset[int],
