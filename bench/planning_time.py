@@ -1,0 +1,97 @@
+"""Planning time: wall seconds of :func:`autoremat.plan` (trace, every placement, solve) on
+Llama-style models, scanned and unrolled, as the issue on placement asks.
+
+Each model is planned at budgets given as fractions of its no-remat activation memory,
+``--runs`` times each; the table gives the median wall time, the solver's status and gap,
+and the size of the traced program (forward equations, and those of the training step
+``jax.grad``). Run it on an otherwise idle machine: the figures are wall time.
+
+    python bench/planning_time.py --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import shlex
+import statistics
+import sys
+import time
+
+import jax
+import jax.extend.core as jex
+
+import autoremat
+from autoremat._benchmark import versions
+from autoremat.zoo import llama
+
+MODELS = {
+    "llama": llama.LLAMA,
+    "llama-24-unrolled": dataclasses.replace(llama.LLAMA_24, scan_layers=False),
+    "llama-80-unrolled": dataclasses.replace(llama.LLAMA, n_layer=80, scan_layers=False),
+}
+
+
+def equations(jaxpr: jex.Jaxpr) -> int:
+    """Equations of ``jaxpr`` and of every jaxpr nested in it."""
+    return sum(1 + sum(equations(s) for s in jex.jaxprs_in_params(e.params)) for e in jaxpr.eqns)
+
+
+def time_model(name: str, config: llama.LlamaConfig, fractions: list[float], runs: int,
+               time_limit_s: float) -> list[dict]:
+    """One row per budget fraction: median wall seconds of ``runs`` plans."""
+    loss, args = llama.make_loss(config), (llama.param_shapes(config), llama.batch_shapes(config))
+    forward = equations(jax.make_jaxpr(loss)(*args).jaxpr)
+    step = equations(jax.make_jaxpr(jax.grad(loss))(*args).jaxpr)
+    rows = []
+    for fraction in fractions:
+        walls, plans = [], []
+        for _ in range(runs):
+            start = time.perf_counter()
+            plans.append(autoremat.plan(loss, *args, budget=fraction, time_limit_s=time_limit_s))
+            walls.append(time.perf_counter() - start)
+        p = plans[-1]
+        rows.append({"model": name, "forward_equations": forward, "step_equations": step,
+                     "budget_fraction": fraction, "budget_bytes": p.budget_bytes,
+                     "time_limit_s": time_limit_s, "wall_s": walls,
+                     "median_wall_s": statistics.median(walls), "status": p.status,
+                     "gap": p.gap, "overhead": p.overhead,
+                     "same_plan_every_run": len({(q.saved, q.cuts, q.scan_pieces) for q in plans}) == 1})
+        print(f"{name} at {fraction:.2f}: median {rows[-1]['median_wall_s']:.1f} s of {walls}, "
+              f"{p.status} gap {p.gap:.2%}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", action="append", choices=sorted(MODELS))
+    parser.add_argument("--fraction", type=float, action="append")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--time-limit", type=float, action="append",
+                        help="per model, in --model order (default: 4 s scanned, 25 s unrolled)")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
+    args = parser.parse_args()
+    names = args.model or list(MODELS)
+    limits = args.time_limit or [4.0 if MODELS[n].scan_layers else 25.0 for n in names]
+    rows = [r for n, t in zip(names, limits, strict=True)
+            for r in time_model(n, MODELS[n], args.fraction or [0.1, 0.3], args.runs, t)]
+    lines = [("| model | forward eqns | step eqns | budget (of no-remat activations) | solver limit s "
+              "| median wall s (runs) | status | gap | recompute overhead | same plan each run |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['forward_equations']} | {r['step_equations']} | "
+              f"{r['budget_fraction']:.2f} ({r['budget_bytes'] / 2**30:.2f} GiB) | {r['time_limit_s']:.0f} | "
+              f"{r['median_wall_s']:.1f} ({', '.join(f'{w:.1f}' for w in r['wall_s'])}) | {r['status']} | "
+              f"{r['gap']:.2%} | {r['overhead']:.2%} | {r['same_plan_every_run']} |" for r in rows]
+    args.out.mkdir(parents=True, exist_ok=True)
+    header = (f"# Planning time\n\nMade with `python bench/planning_time.py {shlex.join(sys.argv[1:])}` "
+              f"on {os.cpu_count()} cores; versions {json.dumps(versions())}. Wall time of "
+              "`autoremat.plan` (trace, every placement, solve), solver limit shared by the placements.\n\n")
+    (args.out / "planning_time.md").write_text(header + "\n".join(lines) + "\n")
+    (args.out / "planning_time.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
