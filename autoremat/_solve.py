@@ -19,6 +19,10 @@ reverse. At region ``i``'s stage the bytes in use are:
   convolutions, reductions, loops and calls; recomputed elementwise and data-movement
   values fuse into their consumers), all counted live together.
 
+The rewriter makes the compiler keep to these stages: a segment's inputs pass through an
+optimization barrier, whose transpose releases all their cotangents together, so a region's
+backward (its weight gradients included) ends before earlier regions' backward starts.
+
 The model is conservative where the compiler's schedule is unknown (recomputed values
 all live at once, a saved value counted from its region's forward to the end of its
 backward) and optimistic where XLA's fusion decides (a long elementwise chain recomputed
