@@ -88,6 +88,8 @@ class Graph:
         the function it was made for.
       cuts: the placement: indices of the top-level equations that start a new region of
         unrolled code (scans are regions of their own).
+      largest_grad_bytes: bytes of the largest argument gradient (the largest of the
+        compiler's output buffers).
       scan_pieces: the rest of the placement: the iterations of the pieces each top-level
         scan is split into (``()`` for a scan left whole; see
         :func:`autoremat._program.split_scans`); equation indices are those of the split
@@ -102,6 +104,7 @@ class Graph:
     fingerprint: str
     cuts: tuple[int, ...]
     scan_pieces: tuple[tuple[int, ...], ...] = ()
+    largest_grad_bytes: int = 0
 
     def array(self, field: str, dtype: type = np.int64) -> np.ndarray:
         """One field of every value as a numpy array, in ``values`` order."""
@@ -117,6 +120,13 @@ class Graph:
         the gradients made so far and the region's cotangents."""
         return np.array([self.arg_bytes + r.grad_bytes + r.cotangent_bytes
                          for r in self.regions], dtype=np.int64)
+
+    def reserved_base_bytes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The backward and forward stages' bytes whatever the plan, with every gradient's
+        buffer allocated for the whole step (see :mod:`autoremat._solve`)."""
+        fixed = self.arg_bytes + self.grad_bytes
+        return (np.array([fixed + r.cotangent_bytes for r in self.regions], dtype=np.int64),
+                np.array([fixed + r.work_bytes for r in self.regions], dtype=np.int64))
 
     def forward_base_bytes(self) -> np.ndarray:
         """Bytes in use at each region's forward stage whatever the plan: the arguments and

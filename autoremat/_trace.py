@@ -203,6 +203,13 @@ def _cotangent_bytes(eqns: Sequence[Eqn], later: set[int], value_bytes: Callable
     """
     materialized = set(later) | {a for e in eqns if not fuses_cotangent(e.primitive.name)
                                  for a in e.ins if isinstance(a, int)}
+    # A cotangent that must outlive a materializing transpose (a dot's, a convolution's)
+    # between its last reader and its producer cannot fuse into both sides: it exists.
+    barriers = np.cumsum([not fuses_cotangent(e.primitive.name) for e in eqns])
+    made = {o: i for i, e in enumerate(eqns) for o in e.outs}
+    last = {a: i for i, e in enumerate(eqns) for a in e.ins if isinstance(a, int)}
+    materialized |= {a for a, i in last.items() if a in differentiable
+                     and i and barriers[i - 1] > (barriers[made[a]] if a in made else 0)}
     size = lambda i: value_bytes(i) if i in materialized else 0
     live = {o for o in later if o in differentiable}
     cur = peak = sum(size(i) for i in live)
@@ -215,6 +222,44 @@ def _cotangent_bytes(eqns: Sequence[Eqn], later: set[int], value_bytes: Callable
             live.discard(o)
             cur -= size(o)
     return peak
+
+
+def _cotangent_holders(eqns: Sequence[Eqn], value_bytes: Callable[[int], int],
+                       out: dict[int, int] | None = None) -> dict[int, int]:
+    """Bytes the cotangent of each concatenated value holds: the concatenation's. Its
+    cotangent is a slice of the concatenation's, which XLA fuses into the slice's
+    reader, keeping the whole buffer (measured on TPU v5e: a U-Net's skip cotangents hold
+    the skip and the upsampled decoder input together)."""
+    out = {} if out is None else out
+    for e in eqns:
+        if e.primitive.name == "concatenate":
+            for a in e.ins:
+                if isinstance(a, int):
+                    out[a] = max(out.get(a, 0), *(value_bytes(o) for o in e.outs))
+        if e.scan_body is not None:
+            _cotangent_holders(e.scan_body.eqns, value_bytes, out)
+        if e.shard_body is not None:
+            _cotangent_holders(e.shard_body.eqns, value_bytes, out)
+    return out
+
+
+def _in_flight_cotangent_bytes(regions: Sequence[Segment], last_reader: dict[int, int],
+                               value_bytes: Callable[[int], int], differentiable: set[int]
+                               ) -> list[int]:
+    """Bytes of cotangents live across each region's whole backward pass: those of values
+    made in an earlier region and read in a later one but not in it (a long skip
+    connection). The cotangent starts at the backward of the last region reading the
+    value and is summed until that of the region making it (measured on TPU v5e: a U-Net's
+    concatenated skips' cotangents are held from the decoder's backward to the
+    encoder's)."""
+    made = {o: r.index for r in regions for o in r.outputs if o in differentiable}
+    out = [0] * len(regions)
+    for r in regions:
+        reads = set(r.inputs)
+        for o, p in made.items():
+            if p < r.index < last_reader.get(o, -1) and o not in reads:
+                out[r.index] += value_bytes(o)
+    return out
 
 
 def _differentiable(program: Program) -> set[int]:
@@ -397,6 +442,10 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
     last_reader = {a: r.index for r in regions for e in r.eqns for a in e.ins
                    if isinstance(a, int)}
     grad_bytes = _grad_bytes_by_region(program, len(regions), last_reader)
+    holders = _cotangent_holders(program.eqns, program.value_bytes)
+    cotangent_size = lambda i: max(program.value_bytes(i), holders.get(i, 0))
+    in_flight = _in_flight_cotangent_bytes(regions, last_reader, cotangent_size,
+                                           differentiable)
 
     records: dict[int, dict[str, Any]] = {}
     region_infos = []
@@ -469,10 +518,10 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
             arg_pos = mark_needed(fn, r.inputs, r)
             needed_across.update(r.inputs[k] for k in arg_pos)
             work = _work_bytes(r.eqns, r.inputs, set(r.outputs), program.value_bytes, free)
-            cotangents = _cotangent_bytes(r.eqns, set(r.outputs), program.value_bytes,
+            cotangents = _cotangent_bytes(r.eqns, set(r.outputs), cotangent_size,
                                           differentiable)
-            region_infos.append(Region(r.index, "segment", 1, work, cotangents,
-                                       grad_bytes[r.index]))
+            region_infos.append(Region(r.index, "segment", 1, work,
+                                       cotangents + in_flight[r.index], grad_bytes[r.index]))
             continue
         (scan,) = r.eqns
         body, length = scan.scan_body, scan.params["length"]
@@ -509,7 +558,7 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
         kept = {a for a in (*body.carry_out, *body.ys_out) if isinstance(a, int)}
         work = _work_bytes(body.eqns, [*body.carry_in, *body.xs_in], kept, program.value_bytes,
                            free | set(body.consts) | set(body.xs_in))
-        cotangents = _cotangent_bytes(body.eqns, kept, program.value_bytes, differentiable)
+        cotangents = _cotangent_bytes(body.eqns, kept, cotangent_size, differentiable)
         # The loop sums the gradient of each differentiable constant in a buffer of its
         # size; where a later region reads the constant too, the gradient made there so
         # far is live beside it (measured on TPU v5e: pieces of a split scan of 64 MiB of
@@ -517,7 +566,8 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
         accumulators = sum(program.value_bytes(c) for c in dict.fromkeys(outer_consts)
                            if isinstance(c, int) and c in differentiable
                            and last_reader[c] > r.index)
-        region_infos.append(Region(r.index, "scan", length, work, cotangents + accumulators,
+        region_infos.append(Region(r.index, "scan", length, work,
+                                   cotangents + accumulators + in_flight[r.index],
                                    grad_bytes[r.index]))
 
     # An xs slice is a view of the scan's input: reading it holds the whole input.
@@ -536,6 +586,8 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
         fingerprint=_program.fingerprint_of(program),
         cuts=tuple(cuts),
         scan_pieces=program.scan_pieces,
+        largest_grad_bytes=max((program.value_bytes(a) for a in program.args
+                                if _is_float(program.avals[a])), default=0),
     )
     return regions, _sharding.per_device_flops(graph, program)
 

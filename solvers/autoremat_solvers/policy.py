@@ -19,6 +19,14 @@ stage. Feasibility:
 * a recomputed value's inputs are saved or, within its region, recomputed too; an input
   from another region must be saved (a region cannot recompute another's values).
 
+Reserved buffers (optional, off unless the problem sets ``unshared``): buffers that exist
+for the whole step (the compiler allocates the step's outputs apart, whatever their live
+range) but can hold any value that fits in one of them and is dead by the time it is
+written. Each stage then also has a second bound, ``reserved_base[i]`` (backward) or
+``reserved_forward_base[i]`` (forward), plus the same terms restricted to the values in
+``unshared`` (those that fit in no reserved buffer): a stage's bytes are the larger of
+the two (the values that fit are taken to pack into the reserved buffers perfectly).
+
 The objective is the total recompute cost. The integer program has ``2V + R`` variables
 and ``O(V + E + R)`` nonzeros, built from arrays (``shared/notes/remat-facts.md`` §4).
 
@@ -73,6 +81,10 @@ class PolicyProblem:
       offload_backward: bytes an offloaded value adds to its region's backward stage.
       host_budget: most bytes offloaded values may occupy in host memory (an offloaded
         value takes ``held[v]`` there).
+      reserved_base, reserved_forward_base, unshared: the second bound on each stage
+        (see "Reserved buffers" in the module doc): its bytes whatever the plan, with the
+        reserved buffers, at each backward and forward stage, and the mask of the values
+        that cannot share them. ``None`` (the default): no second bound.
     """
 
     cost: np.ndarray
@@ -92,6 +104,9 @@ class PolicyProblem:
     offload_forward: np.ndarray | None = None
     offload_backward: np.ndarray | None = None
     host_budget: float = math.inf
+    reserved_base: np.ndarray | None = None
+    reserved_forward_base: np.ndarray | None = None
+    unshared: np.ndarray | None = None
 
     @property
     def num_values(self) -> int:
@@ -147,8 +162,19 @@ def stage_bytes(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
         own[problem.region[v]] += int(problem.offload_forward[v])
     as_int = lambda a: np.array([int(b) for b in a], dtype=object)
     before = np.cumsum(held) - held
-    return np.concatenate([as_int(problem.base) + before + held + trans,
-                           as_int(problem.forward_base) + before + own])
+    stages = np.concatenate([as_int(problem.base) + before + held + trans,
+                             as_int(problem.forward_base) + before + own])
+    if problem.unshared is None:
+        return stages
+    mask = save.astype(bool) & problem.unshared
+    rheld, rown = np.zeros(R, dtype=object), np.zeros(R, dtype=object)
+    for v in np.flatnonzero(mask):
+        rheld[problem.region[v]] += int(problem.held[v])
+        rown[problem.region[v]] += int(problem.forward_held[v])
+    rbefore = np.cumsum(rheld) - rheld
+    reserved = np.concatenate([as_int(problem.reserved_base) + rbefore + rheld + trans,
+                               as_int(problem.reserved_forward_base) + rbefore + rown])
+    return np.maximum(stages, reserved)
 
 
 def evaluate(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
@@ -245,8 +271,11 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     ``offload (V)`` when the problem allows offload."""
     V, R = problem.num_values, problem.num_regions
     offloading = problem.offloading
+    reserving = problem.unshared is not None
     n = 2 * V + R + 1 + (V if offloading else 0)
     S, Rv, H, P, O = 0, V, 2 * V, 2 * V + R, 2 * V + R + 1
+    HR = n  # with reserved buffers: held per region of the values that cannot share them
+    n += R if reserving else 0
     rows, cols, vals, lo, hi = [], [], [], [], []
 
     def add_rows(row_ids: np.ndarray, col_ids: np.ndarray, coefs: np.ndarray) -> None:
@@ -289,15 +318,27 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     lo.append(np.zeros(R)), hi.append(np.zeros(R))
     m += R
 
-    stages = (
+    stages = [
         (problem.base, np.tril_indices(R), problem.held, problem.transient,
-         problem.offload_backward),
+         problem.offload_backward, H),
         (problem.forward_base, np.tril_indices(R, -1), problem.forward_held, None,
-         problem.offload_forward),
-    )
-    for stage_base, (tri_r, tri_c), own, transient, offloaded in stages:
-        add_rows(m + tri_r, H + tri_c, np.ones(len(tri_r)))
-        own_held = own.astype(float) if own is not problem.held else None
+         problem.offload_forward, H),
+    ]
+    if reserving:
+        unshared = problem.unshared.astype(float)
+        add_rows(m + problem.region, S + vals_idx, -problem.held * unshared / unit)
+        add_rows(m + np.arange(R), HR + np.arange(R), np.ones(R))
+        lo.append(np.zeros(R)), hi.append(np.zeros(R))
+        m += R
+        stages += [
+            (problem.reserved_base, np.tril_indices(R), None, problem.transient,
+             problem.offload_backward, HR),
+            (problem.reserved_forward_base, np.tril_indices(R, -1),
+             problem.forward_held * unshared, None, problem.offload_forward, HR),
+        ]
+    for stage_base, (tri_r, tri_c), own, transient, offloaded, held_at in stages:
+        add_rows(m + tri_r, held_at + tri_c, np.ones(len(tri_r)))
+        own_held = own.astype(float) if own is not None and own is not problem.held else None
         if own_held is not None:
             add_rows(m + problem.region, S + vals_idx, own_held / unit)
         if transient is not None:
@@ -326,7 +367,7 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     else:
         c[Rv:Rv + V] = problem.cost / _cost_unit(problem)
         if offloading:
-            c[O:] = problem.offload_cost / _cost_unit(problem)
+            c[O:O + V] = problem.offload_cost / _cost_unit(problem)
     var_lb = np.concatenate([problem.must_save.astype(float), np.zeros(V + R + 1)])
     var_ub = np.concatenate([problem.can_save.astype(float), problem.can_recompute.astype(float),
                              np.full(R + 1, np.inf)])
@@ -335,6 +376,10 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
         var_lb = np.concatenate([var_lb, np.zeros(V)])
         var_ub = np.concatenate([var_ub, problem.can_offload.astype(float)])
         integer = np.concatenate([integer, np.ones(V, bool)])
+    if reserving:
+        var_lb = np.concatenate([var_lb, np.zeros(R)])
+        var_ub = np.concatenate([var_ub, np.full(R, np.inf)])
+        integer = np.concatenate([integer, np.zeros(R, bool)])
     return Milp(c, A, np.concatenate(lo), np.concatenate(hi), var_lb, var_ub, integer)
 
 

@@ -1,0 +1,74 @@
+"""The gradients' buffers are allocated for the whole step (the second stage bound)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from autoremat_solvers import policy as policy_model
+
+from autoremat import _solve, _trace
+
+
+def _two_regions(unshared):
+    """Two regions of one value each, both read by the backward pass."""
+    return policy_model.PolicyProblem(
+        cost=np.array([1.0, 1.0]), held=np.array([100, 10]), transient=np.array([50, 10]),
+        region=np.array([0, 1]), base=np.array([50, 40]), forward_base=np.array([5, 5]),
+        forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
+        must_save=np.array([False, False]), can_save=np.array([True, True]),
+        can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64),
+        reserved_base=np.array([70, 70]), reserved_forward_base=np.array([25, 25]),
+        unshared=unshared)
+
+
+def test_a_saved_value_that_fits_no_gradient_buffer_is_counted_beside_all_of_them():
+    problem = _two_regions(np.array([True, False]))
+    save = np.array([True, True])
+    # First region's backward: 70 (all gradients) + 100 (saved, fits in none) > 50 + 100.
+    assert policy_model.evaluate(problem, save, ~save)[1] == 170
+    without = _two_regions(None)
+    assert policy_model.evaluate(without, save, ~save)[1] == 150
+    assert policy_model.solve(without, 160, time_limit_s=10).save.all()
+    result = policy_model.solve(problem, 160, time_limit_s=10)
+    assert not result.save[0] and result.peak == 120  # 70 + 50 recomputed
+    assert result.peak == policy_model.evaluate(problem, result.save, result.recompute)[1]
+
+
+def test_activations_larger_than_every_weight_cannot_share_the_gradients():
+    w1, w2 = jnp.ones((16, 32)), jnp.ones((32, 16))
+    x = jnp.ones((64, 16))
+    loss = lambda w1, w2, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w1) @ w2))
+    _, _, graph = _trace.trace(lambda *a: [loss(*a)], [jax.ShapeDtypeStruct(a.shape, a.dtype)
+                                                       for a in (w1, w2, x)])
+    assert graph.largest_grad_bytes == x.nbytes
+    problem = _solve.to_problem(graph)
+    hidden = np.array([v.shape == (64, 32) for v in graph.values])
+    assert problem.unshared[hidden].all() and not problem.unshared[~hidden].any()
+    backward, forward = graph.reserved_base_bytes()
+    assert (backward - graph.backward_base_bytes() >= 0).all()
+    assert (forward - graph.forward_base_bytes() == graph.grad_bytes).all()
+
+
+def _skip_net(w, x):
+    """A long skip connection: ``x`` is concatenated to the result of three layers."""
+    x = jnp.tanh(x @ w)
+    h = x
+    for _ in range(3):
+        h = jnp.tanh(h @ w)
+    return jnp.sum(jnp.concatenate([h, x], axis=-1) @ jnp.ones((64, 8)))
+
+
+def test_a_skip_cotangent_holds_the_concatenation_across_the_layers_it_skips():
+    w, x = jnp.ones((32, 32)), jnp.ones((256, 32))
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w, x)]
+    program = _trace.trace_program(lambda *a: [_skip_net(*a)], avals)
+    names = [e.primitive.name for e in program.eqns]
+    dots = [i for i, n in enumerate(names) if n == "dot_general"]
+    concat = 2 * x.nbytes  # the concatenation's bytes, not the skip's
+    # Whole: the skip's cotangent lives from the last dot's transpose to the first's.
+    (whole,) = _trace.graph_of(program, ())[1].regions
+    assert whole.cotangent_bytes >= concat
+    # One region per layer: the middle ones neither make nor read the skip.
+    regions = _trace.graph_of(program, tuple(dots[2:4]))[1].regions
+    assert len(regions) == 3 and regions[1].cotangent_bytes >= concat
+    holders = _trace._cotangent_holders(program.eqns, program.value_bytes)
+    assert max(holders.values()) == concat
