@@ -450,6 +450,9 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
 
     if policy is None or region.kind == "scan":
         return fn
+    if any(e.shard_body is not None for e in region.eqns):
+        # Behind a barrier, JAX keeps a shard_map's input once more as its residual.
+        return jax.checkpoint(fn, policy=policy)
 
     def segment(*inputs: Any) -> list:
         # Transposed, the barrier hands out the cotangents of all the region's inputs at
