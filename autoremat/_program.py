@@ -454,20 +454,13 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
         # Behind a barrier, JAX keeps a shard_map's input once more as its residual.
         return jax.checkpoint(fn, policy=policy)
 
-    # Only inputs the backward keeps anyway (arguments, saved values): the barrier's inputs
-    # become residuals of the step.
-    held = [k for k, i in enumerate(region.inputs) if i in named or i in program.args]
-
     def segment(*inputs: Any) -> list:
-        # Transposed, the barrier hands out the cotangents of the region's inputs at once:
-        # the region's backward (weight gradients included) ends before the backward of the
-        # regions before it starts, as the memory model's stages assume. Without it XLA
+        # Transposed, the barrier hands out the cotangents of all the region's inputs at
+        # once: the region's backward (weight gradients included) ends before the backward of
+        # the regions before it starts, as the memory model's stages assume. Without it XLA
         # scheduled a language-model head's weight gradient after every layer's backward,
         # keeping the logits it reads live throughout.
-        inputs = list(inputs)
-        for k, x in zip(held, jax.lax.optimization_barrier([inputs[k] for k in held])):
-            inputs[k] = x
-        return fn(*inputs)
+        return fn(*jax.lax.optimization_barrier(inputs))
 
     return jax.checkpoint(segment, policy=policy)
 
