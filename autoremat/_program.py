@@ -439,7 +439,8 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
               policy: Callable | None) -> Callable[..., list]:
     """The region as a function of its inputs returning its outputs.
 
-    A segment is wrapped in ``jax.checkpoint(policy=policy)``; a scan gets the checkpoint
+    A segment is wrapped in ``jax.checkpoint(policy=policy)``, its inputs behind one
+    optimization barrier (none where it holds a ``shard_map``); a scan gets the checkpoint
     on its body (one region per iteration). With ``policy=None`` nothing is wrapped.
     """
 
