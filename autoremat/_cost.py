@@ -24,7 +24,6 @@ import math
 import warnings
 from typing import Any
 
-import numpy as np
 from jax._src import core as jax_core
 from jax._src.ad_checkpoint import CheckpointName
 
@@ -95,8 +94,7 @@ def _itemsize(aval: Any) -> int:
 
 
 def _size(aval: Any) -> int:
-    shape = getattr(aval, "shape", ())
-    return int(np.prod(shape, dtype=np.int64))
+    return math.prod(getattr(aval, "shape", ()))
 
 
 def jaxpr_flops(jaxpr: jax_core.Jaxpr) -> int:

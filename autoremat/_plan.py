@@ -7,6 +7,7 @@ import functools
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -210,29 +211,48 @@ def _lower_bound(problem: policy_model.PolicyProblem) -> int:
     return int(policy_model.stage_bytes(problem, problem.must_save, nothing).max())
 
 
+# However long tracing took, each placement's solve gets at least this part of its equal
+# share of the time limit, so that a program slow to trace still gets a plan searched for.
+_MIN_SOLVER_SHARE = 0.25
+
+
+def solver_share(time_limit_s: float, elapsed_s: float, left: int, placements: int) -> float:
+    """Seconds the solver gets for the next of the ``left`` placements still to solve (of
+    ``placements``), ``elapsed_s`` after planning started: an equal part of what is left
+    of ``time_limit_s``, but at least ``_MIN_SOLVER_SHARE`` of an equal part of all of it.
+    """
+    return max((time_limit_s - elapsed_s) / left, _MIN_SOLVER_SHARE * time_limit_s / placements)
+
+
 def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: Budget, *,
               time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
               offload: OffloadConfig | None = None, progress: Progress | None = None,
               op_times: OpTimes | None = None,
-              margins: Mapping[Placement, int] | None = None) -> Plan:
+              margins: Mapping[Placement, int] | None = None, default_margin: int = 0
+              ) -> Plan:
     """:func:`plan` for a function of flat array arguments returning a flat list.
 
     Each candidate placement (:func:`autoremat._trace.placements`: region boundaries,
-    and top-level scans whole or split into pieces) is solved with an equal share of
-    ``time_limit_s``; the plan that costs least (recompute and offload, in the solver's
-    units: FLOPs or measured times; then the lower peak, then the earlier placement: scans
-    whole before split, finer before coarser) is returned. It is ``"optimal"`` only when
+    and top-level scans whole or split into pieces) is solved in turn, with an equal part
+    of what tracing and the solves before it left of ``time_limit_s``
+    (:func:`solver_share`); the plan that costs least (recompute and offload, in the
+    solver's units: FLOPs or measured times; then the lower peak, then the earlier
+    placement: scans whole before split, finer before coarser) is returned. It is ``"optimal"`` only when
     every placement was solved to optimality or ruled out; otherwise its gap is to the
     least lower bound of the placements the time limit stopped. ``margins`` lowers the
     budget a placement is solved for by its margin (the closed loop's correction for
-    how far the compiler's peak of that placement's plans came out above the model's).
+    how far the compiler's peak of that placement's plans came out above the model's);
+    placements without one are lowered by ``default_margin``.
     """
+    start = time.perf_counter()
     program = _trace.trace_program(flat_fn, avals)
     programs = [program]
     if any(pieces := _program.scan_pieces_of(program)):
         programs.append(_trace.split_program(program, avals, pieces))
-    candidates = [(p, cuts) for p in programs for cuts in _trace.placements(p)]
-    share = time_limit_s / len(candidates)
+    facts = [_trace.program_facts(p) for p in programs]
+    candidates = [(f, cuts) for f in facts for cuts in _trace.placements(f.program)]
+    share = lambda left: solver_share(time_limit_s, time.perf_counter() - start, left,
+                                      len(candidates))
     best: Plan | None = None
     best_key = (math.inf, 0)  # (cost in the solver's units, peak) of ``best``
     lower = math.inf  # the least lower bound on the cost of placements left unproven
@@ -240,15 +260,15 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     below: list[tuple[policy_model.PolicyProblem, int]] = []
     spent = 0.0
     budget_bytes = 0
-    for k, (program, cuts) in enumerate(candidates):
-        _, graph = _trace.graph_of(program, cuts)
+    for k, (program_facts, cuts) in enumerate(candidates):
+        _, graph = _trace.graph_of(program_facts.program, cuts, program_facts)
         problem = _solve.to_problem(graph, op_times)
         if offload is not None:
             problem = offload_problem(graph, problem, offload)
         baseline = _solve.no_remat(graph, problem)
         if k == 0:
             budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
-        margin = (margins or {}).get(_placement(graph), 0)
+        margin = (margins or {}).get(_placement(graph), default_margin)
         if budget_bytes - margin >= baseline.peak_bytes:
             # Saving everything fits, and recomputes nothing that can be saved: optimal.
             d, cost = baseline, 0.0
@@ -256,7 +276,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
             below.append((problem, margin))
             continue
         else:
-            result = policy_model.solve(problem, budget_bytes - margin, time_limit_s=share,
+            result = policy_model.solve(problem, budget_bytes - margin,
+                                        time_limit_s=share(len(candidates) - k),
                                         backends=backends, progress=progress)
             spent += result.wall_s
             if result.status is MilpStatus.INFEASIBLE:
@@ -285,7 +306,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
             best = dataclasses.replace(best, status="feasible", gap=gap)
         return dataclasses.replace(best, solve_seconds=spent)
     if len(floors) + len(below) == len(candidates):
-        lowest = [(policy_model.solve_min_peak(p, time_limit_s=share), m) for p, m in below]
+        lowest = [(policy_model.solve_min_peak(p, time_limit_s=share(len(below) - k)), m)
+                  for k, (p, m) in enumerate(below)]
         floors += [r.peak + m for r, m in lowest if r.save is not None]
         if floors:
             raise InfeasibleBudgetError(budget_bytes, min(floors))
@@ -312,8 +334,16 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         (``"6GiB"``, ``"512MiB"``, ``"2GB"``), or a float in (0, 1], the fraction of the
         no-remat activation memory (on top of arguments and gradients). For a sharded
         step, the bytes of one device (as are all of the plan's figures).
-      time_limit_s: stop the solver after this long with the best plan found (its status
-        is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
+      time_limit_s: stop planning after about this long with the best plan found (its
+        status is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
+        Tracing and building the problems count: the solver gets what they leave, though
+        never less than a quarter of an equal share of the limit per placement. It can
+        run over by the solver's own setup, and by that floor when tracing alone takes
+        most of the limit. Since the time left depends on the machine and its load, a
+        plan the limit stopped may differ between runs with the same function, shapes
+        and budget; a limit the solver ends within (status ``"optimal"``), or a saved
+        plan (:meth:`Plan.save`, :func:`load_plan`), makes it reproducible. With
+        ``verify``, each round (one plan, one compile) has its own limit.
       backends: MIP backends tried in turn within the time limit, from ``"HIGHS"``,
         ``"SCIP"`` and ``"CBC"`` (HiGHS through highspy, the others through OR-tools).
       verify: a target of :mod:`autoremat._measure` (``"tpu-v5e"``, ``"tpu-v4"``, ...,
@@ -376,17 +406,21 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
     # Per placement, how far below the budget its plans are solved: the model's error on
     # the compiler differs between placements (a split scan's gradient buffers are laid
     # out by XLA's scheduler, which the model follows only roughly).
+    # Placements not compiled yet are lowered by the largest excess of the compiler's peak
+    # over the model's seen so far: otherwise each round would pick the placement whose
+    # error is still unknown (GPT-2-small unrolled at 1.9 GiB ran out of rounds so).
     margins: dict[Placement, int] = {}
+    unknown_margin = 0
     lowest_real = None  # the lowest compiler peak of the plans compiled so far
     for attempt in range(1, verify_rounds + 1):
         try:
-            result = solve(model_budget, margins=margins)
+            result = solve(model_budget, margins=margins, default_margin=unknown_margin)
         except InfeasibleBudgetError as e:
             # Below the model's floor: its lowest plan may still fit on the compiler. The
             # compiler's peak is not monotone in the model's, so a plan compiled in an
             # earlier round may have come out lower: the floor reported is the lower.
             target_bytes = target_bytes or e.budget_bytes
-            result = solve(e.floor_bytes, margins=margins)
+            result = solve(e.floor_bytes, margins=margins, default_margin=unknown_margin)
             peak = real_peak(result)
             if peak > target_bytes:
                 raise InfeasibleBudgetError(target_bytes, min(peak, lowest_real or peak)
@@ -405,8 +439,9 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         model_budget = target_bytes
         key = _placement(result)
         step = attempt * max(peak - target_bytes, target_bytes // 200)
-        used = margins.get(key, 0) + (target_bytes - result.budget_bytes)
+        used = margins.get(key, unknown_margin) + (target_bytes - result.budget_bytes)
         margins[key] = max(used + step, peak - result.peak_bytes) + _VERIFY_MARGIN
+        unknown_margin = max(unknown_margin, peak - result.peak_bytes + _VERIFY_MARGIN)
     raise BudgetNotVerifiedError(
         f"after {verify_rounds} compiles for {verify} the step still peaks at "
         f"{format_bytes(peak)} against a budget of {format_bytes(target_bytes)} (the lowest "

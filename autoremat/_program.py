@@ -16,8 +16,10 @@ function), so both see exactly the same program.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -110,8 +112,12 @@ class Program:
 
     def value_bytes(self, value_id: int) -> int:
         """Bytes one device holds of value ``value_id``."""
-        size = self.sizes.get(value_id)
-        return nbytes(self.avals[value_id]) if size is None else size
+        return self._bytes[value_id]
+
+    @functools.cached_property
+    def _bytes(self) -> dict[int, int]:
+        """:meth:`value_bytes` of every value, worked out once."""
+        return {i: self.sizes[i] if i in self.sizes else nbytes(a) for i, a in self.avals.items()}
 
 
 def flatten(closed: jax_core.ClosedJaxpr) -> Program:
@@ -484,6 +490,5 @@ def nbytes(aval: jax_core.AbstractValue) -> int:
     if shape is None or dtype is None:
         return 0
     # Extended dtypes (PRNG keys) are not numpy dtypes but know their size.
-    itemsize = dtype.itemsize if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else (
-        np.dtype(dtype).itemsize)
-    return int(np.prod(shape, dtype=np.int64)) * itemsize
+    known = isinstance(dtype, np.dtype) or jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+    return math.prod(shape) * (dtype.itemsize if known else np.dtype(dtype).itemsize)

@@ -17,9 +17,10 @@ recomputed (``shared/notes/remat-facts.md`` §1).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -31,7 +32,7 @@ from jax._src import source_info_util
 from autoremat import _program, _sharding
 from autoremat._cost import eqn_flops, fuses_cotangent, fusible, jaxpr_flops
 from autoremat._graph import Graph, Region, Value
-from autoremat._program import Atom, Eqn, Program, Segment
+from autoremat._program import Atom, Eqn, Program, ScanBody, Segment
 
 # The residual a remat region saves for a name is the name's output, sometimes behind
 # these no-op markers.
@@ -312,9 +313,11 @@ def _is_float(aval: Any) -> bool:
     return hasattr(aval, "dtype") and jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
 
 
-def _signature(region: Segment, avals: dict) -> tuple[str, dict[int, int]]:
+def _signature(region: Segment, avals: dict, texts: dict[Eqn, str]
+               ) -> tuple[str, dict[int, int]]:
     """A text equal for regions that compute the same thing on inputs of the same
-    shapes, and each value's position in it (inputs first, then outputs in order)."""
+    shapes, and each value's position in it (inputs first, then outputs in order).
+    ``texts``: each equation's text after its operands, kept between calls."""
     local = {v: k for k, v in enumerate(region.inputs)}
     parts = [";".join(str(avals[v]) for v in region.inputs)]
 
@@ -327,8 +330,10 @@ def _signature(region: Segment, avals: dict) -> tuple[str, dict[int, int]]:
         for e in eqns:
             for o in e.outs:
                 local.setdefault(o, len(local))
-            parts.append(f"{e.primitive.name}({','.join(map(atom, e.ins))})"
-                         f"{sorted(e.params.items())!r}->{','.join(str(avals[o]) for o in e.outs)}")
+            if e not in texts:
+                texts[e] = (f"{sorted(e.params.items())!r}->"
+                            f"{','.join(str(avals[o]) for o in e.outs)}")
+            parts.append(f"{e.primitive.name}({','.join(map(atom, e.ins))}){texts[e]}")
             if e.scan_body is not None:
                 body = e.scan_body
                 for v in (*body.consts, *body.carry_in, *body.xs_in):
@@ -434,38 +439,164 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
     return (program, *graph_of(program, segment_cuts(program) if cuts is None else cuts))
 
 
-def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...], Graph]:
-    """The regions and value graph of ``program`` cut at ``cuts``."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class ProgramFacts:
+    """What the graphs of one program share whatever the placement (see :func:`graph_of`).
+
+    Attributes:
+      program: the program.
+      fields: each value's :class:`Value` fields but ``region`` and ``needed``, by id.
+      made: the ids each top-level equation makes (those of a scan's body and of a
+        ``shard_map``'s included).
+      free: the ids of the arguments and constants.
+      differentiable: the values that carry a cotangent (:func:`_differentiable`).
+      holders: bytes the cotangent of each concatenated value holds
+        (:func:`_cotangent_holders`).
+      fingerprint: the program's :func:`autoremat._program.fingerprint_of`.
+      texts: what a region's signature writes for each equation after its operands,
+        filled as regions are signed (see :func:`_signature`).
+      residuals: by region signature, what JAX was asked of the region: the positions of
+        the values its VJP reads, those of the inputs it reads, the bytes of unnamed
+        residuals, and its step's FLOPs; filled as regions are asked.
+    """
+
+    program: Program
+    fields: Mapping[int, Mapping[str, Any]]
+    made: Mapping[Eqn, tuple[int, ...]]
+    free: frozenset[int]
+    differentiable: set[int]
+    holders: Mapping[int, int]
+    fingerprint: str
+    texts: dict[Eqn, str] = dataclasses.field(default_factory=dict)
+    residuals: dict[str, tuple[tuple[int, ...], set[int], int, int]] = dataclasses.field(
+        default_factory=dict)
+
+    def cotangent_size(self, value_id: int) -> int:
+        """Bytes the cotangent of value ``value_id`` holds."""
+        return max(self.program.value_bytes(value_id), self.holders.get(value_id, 0))
+
+
+def program_facts(program: Program) -> ProgramFacts:
+    """The :class:`ProgramFacts` of ``program``."""
+    free = frozenset(program.args) | frozenset(program.consts)
+    fields, made = _value_fields(program, free)
+    return ProgramFacts(program, fields, made, free, _differentiable(program),
+                        _cotangent_holders(program.eqns, program.value_bytes),
+                        _program.fingerprint_of(program))
+
+
+def _value_fields(program: Program, free: frozenset[int]
+                  ) -> tuple[dict[int, dict[str, Any]], dict[Eqn, tuple[int, ...]]]:
+    """Each value's :class:`Value` fields but ``region`` and ``needed``, and the ids each
+    top-level equation makes."""
+    fields: dict[int, dict[str, Any]] = {}
+    order: list[int] = []
+
+    def add(vid: int, mult: int, primitive: str, source: str, flops: int,
+            inputs: Sequence[Atom], saveable: bool, recomputable: bool) -> None:
+        aval = program.avals[vid]
+        order.append(vid)
+        fields[vid] = {
+            "id": vid, "shape": tuple(aval.shape), "dtype": str(aval.dtype), "nbytes": program.value_bytes(vid),
+            "multiplicity": mult, "primitive": primitive, "source": source, "flops": flops,
+            "inputs": tuple(dict.fromkeys(a for a in inputs if isinstance(a, int) and a not in free)),
+            "saveable": saveable, "recomputable": recomputable}
+
+    def add_eqns(eqns: Sequence[Eqn], mult: int, alias: dict[int, Atom]) -> None:
+        for e in eqns:
+            ins = [alias.get(a, a) if isinstance(a, int) else a for a in e.ins]
+            if e.shard_body is not None:
+                add_shard_map(e, ins, mult, alias)
+                continue
+            in_avals = [program.avals[a] if isinstance(a, int) else a.aval
+                        for a in e.ins]
+            flops = eqn_flops(e.primitive.name, e.params, in_avals, [program.avals[o] for o in e.outs])
+            top_scan = e.scan_body is not None
+            source = _source(e)
+            for o in e.outs:
+                add(o, mult, e.primitive.name, source, flops // max(1, len(e.outs)),
+                    ins, saveable=True, recomputable=not top_scan)
+            if e.primitive.name == "name" and not _program.is_value_name(e.params["name"]):
+                fields[e.outs[0]]["user_name"] = e.params["name"]
+
+    def add_shard_map(e: Eqn, ins: Sequence[Atom], mult: int, alias: dict[int, Atom]) -> None:
+        """A ``shard_map``'s body values (per device), and its results, computed from the
+        body's for free (recomputing one re-runs the body's share of the work)."""
+        body = e.shard_body
+        inner = {**alias, **dict(zip(body.ins, ins))}
+        add_eqns(body.eqns, mult, inner)
+        source = _source(e)
+        for o, b in zip(e.outs, body.outs):
+            add(o, mult, e.primitive.name, source, 0,
+                [inner.get(b, b)] if isinstance(b, int) else [], saveable=True,
+                recomputable=True)
+
+    def add_scan(scan: Eqn) -> None:
+        body, length = scan.scan_body, scan.params["length"]
+        outer_consts, _, outer_xs = _program.scan_operands(scan, scan.ins)
+        add_eqns([scan], 1, {})
+        source = _source(scan)
+        for c in body.carry_in:
+            add(c, length, "carry_in", source, 0, (), saveable=True, recomputable=False)
+        for x, outer in zip(body.xs_in, outer_xs):
+            add(x, length, "xs_in", source, 0, (outer,), saveable=False, recomputable=True)
+        add_eqns(body.eqns, length, dict(zip(body.consts, outer_consts)))
+        # JAX hoists residuals computed from loop invariants alone: saved once, not per step.
+        invariant = set(body.consts)
+        for e in body.eqns:
+            if all(not isinstance(a, int) or a in invariant or a in free for a in e.ins):
+                invariant.update(e.outs)
+                for o in e.outs:
+                    fields[o]["multiplicity"] = 1
+
+    made: dict[Eqn, tuple[int, ...]] = {}
+    for e in program.eqns:
+        first = len(order)
+        if e.scan_body is None:
+            add_eqns([e], 1, {})
+        else:
+            add_scan(e)
+        made[e] = tuple(order[first:])
+    return fields, made
+
+
+def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None = None
+             ) -> tuple[tuple[Segment, ...], Graph]:
+    """The regions and value graph of ``program`` cut at ``cuts``.
+
+    ``facts``: ``program_facts(program)``, shared by the graphs of several placements of
+    ``program`` so that what does not depend on the placement is worked out once.
+    """
+    facts = program_facts(program) if facts is None else facts
     regions = _program.split_regions(program, cuts)
-    free = set(program.args) | set(program.consts)
-    differentiable = _differentiable(program)
+    free, differentiable = facts.free, facts.differentiable
     last_reader = {a: r.index for r in regions for e in r.eqns for a in e.ins
                    if isinstance(a, int)}
     grad_bytes = _grad_bytes_by_region(program, len(regions), last_reader)
-    holders = _cotangent_holders(program.eqns, program.value_bytes)
-    cotangent_size = lambda i: max(program.value_bytes(i), holders.get(i, 0))
+    cotangent_size = facts.cotangent_size
     in_flight = _in_flight_cotangent_bytes(regions, last_reader, cotangent_size,
                                            differentiable)
 
-    records: dict[int, dict[str, Any]] = {}
+    records = {vid: {**facts.fields[vid], "region": r.index, "needed": False}
+               for r in regions for e in r.eqns for vid in facts.made[e]}
     region_infos = []
     needed_across: set[int] = set()
 
     step_flops = 0
-    # Residuals by region structure: repeated layers are asked of JAX once.
-    known: dict[str, tuple[tuple[int, ...], set[int], int, int]] = {}
 
-    def mark_needed(fn: Callable, input_ids: Sequence[int], region: Segment) -> set[int]:
-        """Marks the values ``fn``'s VJP reads; returns the positions of inputs it reads."""
+    def mark_needed(make_fn: Callable[[], Callable], input_ids: Sequence[int],
+                    region: Segment) -> set[int]:
+        """Marks the values the VJP of ``make_fn()`` reads; returns the positions of inputs
+        it reads. Repeated layers are asked of JAX once (by their signature)."""
         nonlocal step_flops
-        signature, local = _signature(region, program.avals)
-        if signature not in known:
-            names, arg_pos, unplanned = _residuals(fn, _avals(input_ids, program.avals))
+        signature, local = _signature(region, program.avals, facts.texts)
+        if signature not in facts.residuals:
+            names, arg_pos, unplanned = _residuals(make_fn(), _avals(input_ids, program.avals))
             needed = tuple(sorted(local[_program.value_id(n)] for n in names))
             plain = _program.region_fn(program, region, frozenset(), None)
             flops = _step_flops(plain, _avals(region.inputs, program.avals))
-            known[signature] = needed, arg_pos, unplanned, flops
-        needed, arg_pos, unplanned, flops = known[signature]
+            facts.residuals[signature] = needed, arg_pos, unplanned, flops
+        needed, arg_pos, unplanned, flops = facts.residuals[signature]
         _warn_unplanned(unplanned, region)
         by_position = {k: v for v, k in local.items()}
         for k in needed:
@@ -473,49 +604,12 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
         step_flops += flops
         return arg_pos
 
-    def add(vid: int, region: int, mult: int, primitive: str, source: str, flops: int,
-            inputs: Sequence[Atom], saveable: bool, recomputable: bool) -> None:
-        aval = program.avals[vid]
-        records[vid] = {
-            "id": vid, "shape": tuple(aval.shape), "dtype": str(aval.dtype), "nbytes": program.value_bytes(vid),
-            "multiplicity": mult, "primitive": primitive, "source": source, "flops": flops, "region": region,
-            "inputs": tuple(dict.fromkeys(a for a in inputs if isinstance(a, int) and a not in free)),
-            "saveable": saveable, "recomputable": recomputable, "needed": False}
-
-    def add_eqns(eqns: Sequence[Eqn], region: int, mult: int, alias: dict[int, Atom]) -> None:
-        for e in eqns:
-            ins = [alias.get(a, a) if isinstance(a, int) else a for a in e.ins]
-            if e.shard_body is not None:
-                add_shard_map(e, ins, region, mult, alias)
-                continue
-            in_avals = [program.avals[a] if isinstance(a, int) else a.aval
-                        for a in e.ins]
-            flops = eqn_flops(e.primitive.name, e.params, in_avals, [program.avals[o] for o in e.outs])
-            top_scan = e.scan_body is not None
-            for o in e.outs:
-                add(o, region, mult, e.primitive.name, _source(e), flops // max(1, len(e.outs)),
-                    ins, saveable=True, recomputable=not top_scan)
-            if e.primitive.name == "name" and not _program.is_value_name(e.params["name"]):
-                records[e.outs[0]]["user_name"] = e.params["name"]
-
-    def add_shard_map(e: Eqn, ins: Sequence[Atom], region: int, mult: int,
-                      alias: dict[int, Atom]) -> None:
-        """A ``shard_map``'s body values (per device), and its results, computed from the
-        body's for free (recomputing one re-runs the body's share of the work)."""
-        body = e.shard_body
-        inner = {**alias, **dict(zip(body.ins, ins))}
-        add_eqns(body.eqns, region, mult, inner)
-        for o, b in zip(e.outs, body.outs):
-            add(o, region, mult, e.primitive.name, _source(e), 0,
-                [inner.get(b, b)] if isinstance(b, int) else [], saveable=True,
-                recomputable=True)
-
     for r in regions:
         if r.kind == "segment":
-            add_eqns(r.eqns, r.index, 1, {})
             named = frozenset(_produced(r.eqns))
-            fn = _program.region_fn(program, r, named, _program.policy_for(named))
-            arg_pos = mark_needed(fn, r.inputs, r)
+            make_fn = lambda r=r, named=named: _program.region_fn(
+                program, r, named, _program.policy_for(named))
+            arg_pos = mark_needed(make_fn, r.inputs, r)
             needed_across.update(r.inputs[k] for k in arg_pos)
             work = _work_bytes(r.eqns, r.inputs, set(r.outputs), program.value_bytes, free)
             cotangents = _cotangent_bytes(r.eqns, set(r.outputs), cotangent_size,
@@ -525,28 +619,8 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
             continue
         (scan,) = r.eqns
         body, length = scan.scan_body, scan.params["length"]
-        outer_consts, _, outer_xs = _program.scan_operands(scan, scan.ins)
-        add_eqns([scan], r.index, 1, {})
-        alias = dict(zip(body.consts, outer_consts))
-        for c in body.carry_in:
-            add(c, r.index, length, "carry_in", _source(scan), 0, (), saveable=True,
-                recomputable=False)
-        for x, outer in zip(body.xs_in, outer_xs):
-            add(x, r.index, length, "xs_in", _source(scan), 0, (outer,), saveable=False,
-                recomputable=True)
-        add_eqns(body.eqns, r.index, length, alias)
-        # JAX hoists residuals computed from loop invariants alone: saved once, not per step.
-        invariant = set(body.consts)
-        for e in body.eqns:
-            if all(not isinstance(a, int) or a in invariant or a in free for a in e.ins):
-                invariant.update(e.outs)
-                for o in e.outs:
-                    records[o]["multiplicity"] = 1
-        named = frozenset(_produced(body.eqns))
-        step = jax.checkpoint(_program.scan_body_fn(body, program.consts, named),
-                              policy=_program.policy_for(named), prevent_cse=False)
-        groups = (body.consts, body.carry_in, body.xs_in)
-        arg_pos = mark_needed(lambda *flat, step=step, groups=groups: step(*_split(flat, groups)),
+        outer_consts, _, _ = _program.scan_operands(scan, scan.ins)
+        arg_pos = mark_needed(lambda body=body: _scan_step_fn(body, program.consts),
                               [*body.consts, *body.carry_in, *body.xs_in], r)
         flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
         for k in arg_pos:
@@ -574,8 +648,8 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
     for rec in records.values():
         if rec["primitive"] == "xs_in" and rec["needed"]:
             needed_across.update(rec["inputs"])
-    values = tuple(Value(**rec, needed_across=vid in needed_across)
-                   for vid, rec in sorted(records.items()))
+    values = tuple(Value(**records[vid], needed_across=vid in needed_across)
+                   for vid in sorted(records))
     graph = Graph(
         values=values,
         regions=tuple(region_infos),
@@ -583,13 +657,24 @@ def graph_of(program: Program, cuts: Sequence[int]) -> tuple[tuple[Segment, ...]
         grad_bytes=sum(program.value_bytes(a) for a in program.args
                        if _is_float(program.avals[a])),
         step_flops=step_flops,
-        fingerprint=_program.fingerprint_of(program),
+        fingerprint=facts.fingerprint,
         cuts=tuple(cuts),
         scan_pieces=program.scan_pieces,
         largest_grad_bytes=max((program.value_bytes(a) for a in program.args
                                 if _is_float(program.avals[a])), default=0),
     )
     return regions, _sharding.per_device_flops(graph, program)
+
+
+def _scan_step_fn(body: ScanBody, consts: Mapping[int, Any]) -> Callable:
+    """One iteration of a scan's body as a function of its flat operands (constants,
+    carry, slices), every value it makes named, in a ``jax.checkpoint`` that may save
+    every name."""
+    named = frozenset(_produced(body.eqns))
+    step = jax.checkpoint(_program.scan_body_fn(body, consts, named),
+                          policy=_program.policy_for(named), prevent_cse=False)
+    groups = (body.consts, body.carry_in, body.xs_in)
+    return lambda *flat: step(*_split(flat, groups))
 
 
 def _produced(eqns: Sequence[Eqn]) -> list[int]:

@@ -12,7 +12,7 @@ import pytest
 from autoremat_solvers import policy as policy_model
 
 import autoremat
-from autoremat import _program, _rewrite, _solve, _trace
+from autoremat import _plan, _program, _rewrite, _solve, _trace
 from tests.models import MODELS, saved_residuals
 
 
@@ -227,6 +227,34 @@ def test_placement_search_keeps_the_cheapest_placement_and_the_lowest_floor():
     chosen = autoremat.plan(loss, *args, budget=budget)
     costs = [policy_model.solve(p, chosen.budget_bytes).cost for p in problems]
     assert chosen.recompute_flops <= min(costs) * (1 + 1e-3)
+
+
+@pytest.mark.parametrize("model", ["gpt2_unrolled", "gpt2_scanned"])
+def test_graphs_sharing_program_facts_equal_graphs_made_alone(model):
+    loss, args = MODELS[model]()
+    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
+    program = _trace.trace_program(flat_fn, avals)
+    programs = [program]
+    if any(pieces := _program.scan_pieces_of(program)):
+        programs.append(_trace.split_program(program, avals, pieces))
+    for p in programs:
+        facts = _trace.program_facts(p)
+        # Coarsest first: the finer placements reuse what the coarser ones asked of JAX.
+        for cuts in reversed(_trace.placements(p)):
+            assert _trace.graph_of(p, cuts, facts)[1] == _trace.graph_of(p, cuts)[1]
+
+
+def test_solver_share_is_what_tracing_left_and_at_least_a_quarter_share():
+    share = _plan.solver_share
+    assert share(30.0, 0.0, 3, 3) == 10.0
+    assert share(30.0, 6.0, 3, 3) == 8.0  # tracing took 6 s of the solver's 30
+    assert share(30.0, 14.0, 2, 3) == 8.0  # an earlier solve ended early
+    assert share(30.0, 40.0, 3, 3) == 2.5  # tracing outlasted the limit: the floor
+    # Solves that take their whole share end with the limit.
+    elapsed = 4.0
+    for left in (3, 2, 1):
+        elapsed += share(30.0, elapsed, left, 3)
+    assert elapsed == pytest.approx(30.0)
 
 
 @pytest.mark.parametrize("length", range(1, 41))

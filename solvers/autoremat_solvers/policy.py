@@ -238,10 +238,11 @@ def prune_offload(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarra
     r = recompute.astype(bool) & ~s & ~o
     same_region_readers: dict[int, list[int]] = {}
     readers: dict[int, list[int]] = {}
-    for u, v in problem.edges:
-        readers.setdefault(int(u), []).append(int(v))
-        if problem.region[u] == problem.region[v]:
-            same_region_readers.setdefault(int(u), []).append(int(v))
+    region = problem.region.tolist()  # Python ints: indexing numpy scalars is slow
+    for u, v in problem.edges.tolist():
+        readers.setdefault(u, []).append(v)
+        if region[u] == region[v]:
+            same_region_readers.setdefault(u, []).append(v)
     # Readers come after their inputs (values are in program order): sweep backwards.
     for v in range(problem.num_values - 1, -1, -1):
         if r[v] and not problem.must_cover[v]:
@@ -464,7 +465,8 @@ def _portfolio(problem: PolicyProblem, budget: int, time_limit_s: float, relativ
             status = MilpStatus.INFEASIBLE if proven else MilpStatus.NO_SOLUTION
             return dataclasses.replace(floor, status=status, save=None, recompute=None,
                                        offload=None, wall_s=time.perf_counter() - start)
-        best = floor
+        # Its bound and gap are about the peak: nothing is known about the least cost.
+        best = dataclasses.replace(floor, bound=0.0, gap=1.0)
     return dataclasses.replace(best, status=MilpStatus.FEASIBLE,
                                wall_s=time.perf_counter() - start)
 
