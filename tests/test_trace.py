@@ -115,14 +115,15 @@ def test_random_keys_inside_the_step_are_planned(make_key):
                                rtol=1e-6)
 
 
-def test_a_scan_counts_its_gradient_accumulator_for_a_constant_read_later():
-    """Each loop sums the gradient of a weight it closes over in a buffer of its own; in
-    the first loop's backward the second loop's share of the gradient is live beside it."""
+def test_a_scan_counts_the_gradient_accumulators_of_a_constant_read_later():
+    """Each loop sums the gradient of a weight it closes over in a buffer of its own, and
+    the sums are added after the last: in a loop's backward, the accumulator of every
+    later loop reading the weight is live beside its own."""
 
     def loop(w, x):
         return jax.lax.scan(lambda c, _: (jnp.tanh(c @ w), None), x, None, length=3)[0]
 
     w, x = jnp.ones((64, 64)), jnp.ones((8, 64))
-    graph = _graph(lambda w, x: jnp.sum(loop(w, loop(w, x))), w, x)
-    first, second = (r for r in graph.regions if r.kind == "scan")
-    assert first.cotangent_bytes - second.cotangent_bytes == w.nbytes
+    graph = _graph(lambda w, x: jnp.sum(loop(w, loop(w, loop(w, x)))), w, x)
+    first, second, third = (r.cotangent_bytes for r in graph.regions if r.kind == "scan")
+    assert (first - third, second - third) == (2 * w.nbytes, w.nbytes)
