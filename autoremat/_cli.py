@@ -199,7 +199,7 @@ def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float
                      ) -> autoremat.Plan:
     """Plans with a progress display, prints the report, and returns the plan."""
     start = time.perf_counter()
-    with _progress(f"planning (solver time limit {time_limit:g} s)",
+    with _progress(f"planning (time limit {time_limit:g} s)",
                    show=show_progress) as progress:
         try:
             plan = autoremat.plan(fn, *args, budget=budget, time_limit_s=time_limit,
@@ -228,7 +228,7 @@ def main() -> None:
 @click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=pathlib.Path),
               required=True, help="The policy file to write (JSON).")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True, help="Solver time limit in seconds.")
+              show_default=True, help="Planning time limit in seconds (tracing included).")
 @click.option("--maxtext", type=click.Path(dir_okay=False, writable=True, path_type=pathlib.Path),
               help="Also write the plan as MaxText's remat configuration (YAML, "
                    "remat_policy: custom): a choice per checkpoint_name of the function.")
@@ -332,7 +332,7 @@ def report_command(file: PolicyFile, rows: int) -> None:
 @click.option("--scan/--unrolled", default=False, show_default=True,
               help="Scan over layers instead of unrolling them.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True, help="Solver time limit in seconds.")
+              show_default=True, help="Planning time limit in seconds (tracing included).")
 @click.option("--rows", type=click.IntRange(min=0), default=25, show_default=True,
               help="Decision rows to print.")
 @click.option("--progress/--no-progress", "show_progress", default=None, help=_PROGRESS_HELP)
@@ -362,7 +362,8 @@ def demo(budget: float, scan: bool, time_limit: float, rows: int,
 @click.option("--budgets", "num_budgets", type=click.IntRange(min=2), default=8,
               show_default=True, help="Budgets from the floor to the no-checkpoint peak.")
 @click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True, help="Solver time limit per plan, in seconds.")
+              show_default=True,
+              help="Planning time limit per plan (per closed-loop round), in seconds.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Plan with the closed loop on the target's compiler.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=pathlib.Path),

@@ -94,7 +94,7 @@ def test_plan_writes_the_policy_file_and_prints_the_report(planned, example):
     assert "predicted peak" in result.stdout and "overhead" in result.stdout
     assert "cli_example.py:" in result.stdout
     assert result.stdout.rstrip().endswith("wrote policy.json")
-    assert "planning (solver time limit 60 s) ..." in result.stderr
+    assert "planning (time limit 60 s) ..." in result.stderr
     loss, args, budget = example
     assert autoremat.PolicyFile.read(path).budget_bytes == budget
     assert autoremat.load_plan(path, loss, *args) == autoremat.plan(loss, *args, budget=budget)
