@@ -153,8 +153,8 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         if preset != "full":  # MaxText's "full" is nothing_saveable, measured above
             add(Row("maxtext", preset), model.make_loss(zoo.preset_policy(preset, model)))
 
-    floor = floor_bytes(loss, *args)
-    lowest = plan(loss, *args, budget=floor, time_limit_s=time_limit_s)
+    lowest = plan(loss, *args, budget="floor", time_limit_s=time_limit_s)
+    floor = lowest.peak_bytes
     add(Row("autoremat", "analytic floor", budget_bytes=floor,
             predicted_peak_bytes=lowest.peak_bytes, predicted_overhead=lowest.overhead,
             status=lowest.status, solve_seconds=lowest.solve_seconds), lowest.apply(loss))

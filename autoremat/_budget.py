@@ -8,15 +8,19 @@ import bitmath
 
 ACCEPTED_FORMS = (
     "a positive int of bytes (6_000_000_000), a string with a binary or decimal unit "
-    "('6GiB', '512MiB', '2GB', '1.5 TB'), or a float in (0, 1] giving the fraction of the "
-    "no-remat activation memory to allow (0.4)"
+    "('6GiB', '512MiB', '2GB', '1.5 TB'), a float in (0, 1] giving the fraction of the "
+    "no-remat activation memory to allow (0.4), or 'floor' for the least memory the "
+    "model allows"
 )
 
 Budget = int | float | str
 
+# The budget form asking for the least memory the model allows.
+FLOOR = "floor"
 
-def parse_budget(budget: Budget) -> int | float:
-    """Returns bytes (int) or a fraction (float in (0, 1]).
+
+def parse_budget(budget: Budget) -> int | float | str:
+    """Returns bytes (int), a fraction (float in (0, 1]) or :data:`FLOOR`.
 
     Raises:
       ValueError: ``budget`` is malformed or not positive; the message lists the forms.
@@ -32,6 +36,8 @@ def parse_budget(budget: Budget) -> int | float:
             raise ValueError(f"budget {budget!r} is not a fraction in (0, 1]; expected {ACCEPTED_FORMS}")
         return float(budget)
     if isinstance(budget, str):
+        if budget.strip().lower() == FLOOR:
+            return FLOOR
         try:
             nbytes = bitmath.parse_string(budget.strip()).bytes
         except ValueError:

@@ -120,7 +120,7 @@ class OffloadConfig:
         if not isinstance(parsed, int):
             raise ValueError(  # noqa: TRY004  (a fraction is a value error, as for budgets)
                 "host_budget must be bytes (an int) or a string with a unit, not a "
-                f"fraction: got {self.host_budget!r}")
+                f"fraction or 'floor': got {self.host_budget!r}")
         return parsed
 
     @property

@@ -26,7 +26,7 @@ from autoremat import (
     _solve,
     _trace,
 )
-from autoremat._budget import Budget, format_bytes, parse_budget
+from autoremat._budget import FLOOR, Budget, format_bytes, parse_budget
 from autoremat._graph import Graph
 from autoremat._offload import OffloadConfig, offload_problem
 from autoremat._op_times import OpTimes
@@ -224,6 +224,56 @@ def solver_share(time_limit_s: float, elapsed_s: float, left: int, placements: i
     return max((time_limit_s - elapsed_s) / left, _MIN_SOLVER_SHARE * time_limit_s / placements)
 
 
+def _problem_of(facts: _trace.ProgramFacts, cuts: Sequence[int], op_times: OpTimes | None,
+                offload: OffloadConfig | None) -> tuple[Graph, policy_model.PolicyProblem]:
+    """The graph of one placement and its save/recompute (and offload) problem."""
+    _, graph = _trace.graph_of(facts.program, cuts, facts)
+    problem = _solve.to_problem(graph, op_times)
+    if offload is not None:
+        problem = offload_problem(graph, problem, offload)
+    return graph, problem
+
+
+def _plan_of(graph: Graph, d: _solve.Decisions, budget_bytes: int, no_remat_peak: int,
+             offload: OffloadConfig | None) -> Plan:
+    return Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=budget_bytes,
+                peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
+                recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
+                no_remat_peak_bytes=no_remat_peak, status=d.status, gap=d.gap,
+                cuts=graph.cuts, solve_seconds=d.solve_seconds, graph=graph,
+                offloaded=d.offloaded, offloaded_bytes=d.offloaded_bytes,
+                offload_flops=d.offload_flops, offload=offload, scan_pieces=graph.scan_pieces)
+
+
+def _floor_plan(candidates: Sequence[tuple[_trace.ProgramFacts, Sequence[int]]],
+                share: Callable[[int], float], op_times: OpTimes | None,
+                offload: OffloadConfig | None) -> Plan:
+    """The plan for ``budget="floor"``: the least peak over the placements and, at that
+    peak, the plan that saves the fewest bytes, then recomputes least
+    (:func:`autoremat_solvers.policy.solve_least_held`). It is ``"optimal"`` when every
+    placement's least peak was proven."""
+    lowest = []
+    for k, (facts, cuts) in enumerate(candidates):
+        graph, problem = _problem_of(facts, cuts, op_times, offload)
+        lowest.append((graph, problem, policy_model.solve_min_peak(
+            problem, time_limit_s=share(len(candidates) + 1 - k))))
+    found = [(r.peak, k) for k, (_, _, r) in enumerate(lowest) if r.save is not None]
+    if not found:
+        raise SolverTimeoutError("the solver found no plan for the floor budget; raise "
+                                 "time_limit_s.")
+    peak, k = min(found)
+    graph, problem, floor = lowest[k]
+    lean = policy_model.solve_least_held(problem, peak, time_limit_s=share(1))
+    proven = all(r.status is MilpStatus.OPTIMAL for _, _, r in lowest)
+    result = dataclasses.replace(
+        lean if lean.save is not None else floor, cost=0.0, bound=0.0, gap=0.0,
+        status=MilpStatus.OPTIMAL if proven and lean.save is not None else MilpStatus.FEASIBLE)
+    d = _solve.decisions(graph, problem, result)
+    no_remat = _solve.no_remat(graph, problem).peak_bytes
+    return dataclasses.replace(_plan_of(graph, d, d.peak_bytes, no_remat, offload),
+                               solve_seconds=sum(r.wall_s for _, _, r in lowest) + lean.wall_s)
+
+
 def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: Budget, *,
               time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
               offload: OffloadConfig | None = None, progress: Progress | None = None,
@@ -260,11 +310,10 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     below: list[tuple[policy_model.PolicyProblem, int]] = []
     spent = 0.0
     budget_bytes = 0
+    if parse_budget(budget) == FLOOR:
+        return _floor_plan(candidates, share, op_times, offload)
     for k, (program_facts, cuts) in enumerate(candidates):
-        _, graph = _trace.graph_of(program_facts.program, cuts, program_facts)
-        problem = _solve.to_problem(graph, op_times)
-        if offload is not None:
-            problem = offload_problem(graph, problem, offload)
+        graph, problem = _problem_of(program_facts, cuts, op_times, offload)
         baseline = _solve.no_remat(graph, problem)
         if k == 0:
             budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
@@ -288,14 +337,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
             if result.status is MilpStatus.NO_SOLUTION:
                 continue
             d, cost = _solve.decisions(graph, problem, result), result.cost
-        found = Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=budget_bytes,
-                     peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
-                     recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
-                     no_remat_peak_bytes=baseline.peak_bytes, status=d.status, gap=d.gap,
-                     cuts=graph.cuts, solve_seconds=d.solve_seconds, graph=graph,
-                     offloaded=d.offloaded, offloaded_bytes=d.offloaded_bytes,
-                     offload_flops=d.offload_flops, offload=offload,
-                     scan_pieces=graph.scan_pieces)
+        found = _plan_of(graph, d, budget_bytes, baseline.peak_bytes, offload)
         if (cost, found.peak_bytes) < best_key:
             best, best_key = found, (cost, found.peak_bytes)
         if cost == 0:
@@ -331,9 +373,12 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         mesh (a ``NamedSharding``) make the plan per device (see
         :mod:`autoremat._sharding`).
       budget: peak bytes of the whole gradient computation: an int, a string with a unit
-        (``"6GiB"``, ``"512MiB"``, ``"2GB"``), or a float in (0, 1], the fraction of the
-        no-remat activation memory (on top of arguments and gradients). For a sharded
-        step, the bytes of one device (as are all of the plan's figures).
+        (``"6GiB"``, ``"512MiB"``, ``"2GB"``), a float in (0, 1], the fraction of the
+        no-remat activation memory (on top of arguments and gradients), or ``"floor"``:
+        the least peak the model allows, with the plan there that saves the fewest bytes
+        (the least-recompute plan at that budget spends the slack of the other stages on
+        saving values the compiler may not fit beside the peak). For a sharded step, the
+        bytes of one device (as are all of the plan's figures).
       time_limit_s: stop planning after about this long with the best plan found (its
         status is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
         Tracing and building the problems count: the solver gets what they leave, though
@@ -401,6 +446,12 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
     argnums = _measure.float_argnums(args)
     real_peak = lambda p: _measure.measure_step(p.apply(bound), *args, target=verify,
                                                 argnums=argnums).peak_bytes
+    if parse_budget(budget) == FLOOR:
+        # The floor is the least the model allows: there is nothing lower to re-solve for.
+        lowest = solve(budget)
+        peak = real_peak(lowest)
+        return dataclasses.replace(lowest, budget_bytes=max(lowest.budget_bytes, peak),
+                                   verified_peak_bytes=peak, verify_target=verify)
     model_budget: Budget = budget
     target_bytes = None
     # Per placement, how far below the budget its plans are solved: the model's error on
