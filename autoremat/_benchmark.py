@@ -28,6 +28,7 @@ import numpy as np
 from autoremat import _measure, zoo
 from autoremat._budget import format_bytes
 from autoremat._cost import jaxpr_flops
+from autoremat._layout import Layout
 from autoremat._plan import BudgetNotVerifiedError, InfeasibleBudgetError, plan
 
 BUILTIN_POLICIES: dict[str, Callable | None] = {
@@ -110,7 +111,7 @@ def program_flops(fn: Callable, *args: Any, argnums: int | Sequence[int] = 0) ->
 
 
 def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: int = 8,
-          time_limit_s: float = 60.0, verify: bool = True,
+          time_limit_s: float = 60.0, verify: bool = True, layout: Layout = "dense",
           log: Callable[[str], None] = lambda _: None) -> Sweep:
     """Plans and measures ``model`` across budgets, beside the built-in policies.
 
@@ -123,6 +124,7 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         compiler's no-checkpoint peak (the floor plan itself is one more row).
       time_limit_s: the solver's limit per plan.
       verify: plan with the closed loop (``plan(..., verify=target)``).
+      layout: how planning counts bytes (see :func:`autoremat.plan`).
       log: called with a line per finished row.
 
     Returns:
@@ -153,20 +155,21 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         if preset != "full":  # MaxText's "full" is nothing_saveable, measured above
             add(Row("maxtext", preset), model.make_loss(zoo.preset_policy(preset, model)))
 
-    lowest = plan(loss, *args, budget="floor", time_limit_s=time_limit_s)
+    lowest = plan(loss, *args, budget="floor", time_limit_s=time_limit_s, layout=layout)
     floor = lowest.peak_bytes
     add(Row("autoremat", "analytic floor", budget_bytes=floor,
             predicted_peak_bytes=lowest.peak_bytes, predicted_overhead=lowest.overhead,
             status=lowest.status, solve_seconds=lowest.solve_seconds), lowest.apply(loss))
     # On the compiler, budgets run from the floor plan's real peak.
     low = max(floor, rows[-1].real_peak_bytes or floor)
-    top = base.peak_bytes if base is not None else plan(loss, *args, budget=1.0).peak_bytes
+    top = (base.peak_bytes if base is not None
+           else plan(loss, *args, budget=1.0, layout=layout).peak_bytes)
     for budget in budgets_between(low, max(top, low), num_budgets):
         row = Row("autoremat", format_bytes(budget), budget_bytes=budget)
         start = time.perf_counter()
         try:
             p = plan(loss, *args, budget=budget, time_limit_s=time_limit_s,
-                     verify=target if verify else None)
+                     verify=target if verify else None, layout=layout)
         except (InfeasibleBudgetError, BudgetNotVerifiedError) as e:
             status = "infeasible" if isinstance(e, InfeasibleBudgetError) else "not verified"
             rows.append(dataclasses.replace(row, status=status,
@@ -179,10 +182,11 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
     return Sweep(model.name, model.description, target, floor, tuple(rows), versions())
 
 
-def floor_bytes(fn: Callable, *args: Any) -> int:
-    """The smallest budget any plan for ``fn(*args)`` fits, under the analytic model."""
+def floor_bytes(fn: Callable, *args: Any, layout: Layout = "dense") -> int:
+    """The smallest budget any plan for ``fn(*args)`` fits, under the analytic model with
+    ``layout``."""
     try:
-        plan(fn, *args, budget=1)
+        plan(fn, *args, budget=1, layout=layout)
     except InfeasibleBudgetError as e:
         return e.floor_bytes
     return 1

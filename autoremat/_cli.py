@@ -26,11 +26,14 @@ from autoremat_solvers.milp import Progress
 import autoremat
 from autoremat import zoo
 from autoremat._budget import parse_budget
+from autoremat._layout import LAYOUTS, Layout
 from autoremat._policy_file import PolicyFile, PolicyFileError
 from autoremat._report import format_report
 
 _BUDGET_HELP = ("Peak bytes of the training step: '8GiB', 8000000000, or 0.4 (fraction of "
                 "the no-remat activation memory).")
+_LAYOUT_HELP = ("How planning counts a value's bytes: 'dense' (its data) or 'tpu' (its "
+                "tiled TPU layout, minor dimension padded to 128).")
 _PROGRESS_HELP = ("Show the solver's best plan, bound and gap while it runs: on a terminal by "
                   "default, as lines of text elsewhere with --progress.")
 # Errors of planning itself (not of the arguments): exit 1 with the message.
@@ -195,15 +198,15 @@ def _flops(n: float) -> str:
 
 
 def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float,
-                     rows: int, show_progress: bool | None, verify: str | None = None
-                     ) -> autoremat.Plan:
+                     rows: int, show_progress: bool | None, verify: str | None = None,
+                     layout: Layout = "dense") -> autoremat.Plan:
     """Plans with a progress display, prints the report, and returns the plan."""
     start = time.perf_counter()
     with _progress(f"planning (time limit {time_limit:g} s)",
                    show=show_progress) as progress:
         try:
             plan = autoremat.plan(fn, *args, budget=budget, time_limit_s=time_limit,
-                                  progress=progress, verify=verify)
+                                  progress=progress, verify=verify, layout=layout)
         except _PLAN_ERRORS as e:
             raise click.ClickException(str(e)) from None
     click.echo(plan.report(max_rows=rows))
@@ -239,10 +242,12 @@ def main() -> None:
               help="Closed loop: compile the planned step for TARGET "
                    f"({', '.join(sorted(autoremat.TARGETS))}) and re-plan until the "
                    "compiler's peak fits the budget.")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
+              help=_LAYOUT_HELP)
 def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
                  budget: float, out: pathlib.Path, maxtext: pathlib.Path | None,
                  time_limit: float, rows: int, show_progress: bool | None,
-                 verify: str | None) -> None:
+                 verify: str | None, layout: Layout) -> None:
     """Plan remat for a function under a budget, write the policy file, print the report.
 
     FUNCTION is MODULE:NAME, imported with the working directory on the module path. With
@@ -288,7 +293,7 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
             raise click.BadParameter(f"without --args it must return (loss, args), args a "
                                      f"tuple; {problem}.", param_hint="'[FUNCTION]'")
         fn, args = made
-    plan = _plan_and_report(fn, args, budget, time_limit, rows, show_progress, verify)
+    plan = _plan_and_report(fn, args, budget, time_limit, rows, show_progress, verify, layout)
     try:
         plan.save(out)
     except OSError as e:
@@ -369,8 +374,10 @@ def demo(budget: float, scan: bool, time_limit: float, rows: int,
 @click.option("--out", type=click.Path(file_okay=False, path_type=pathlib.Path),
               default=pathlib.Path("bench/results"), show_default=True,
               help="Directory for MODEL.md, MODEL.json and MODEL.png.")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
+              help=_LAYOUT_HELP)
 def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limit: float,
-          verify: bool, out: pathlib.Path) -> None:
+          verify: bool, out: pathlib.Path, layout: Layout) -> None:
     """Sweep budgets for zoo models beside JAX's built-in policies; write a markdown
     table, JSON and a Pareto plot per model.
 
@@ -388,7 +395,7 @@ def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limi
         try:
             sweep = _benchmark.sweep(model, target=None if target == "none" else target,
                                      num_budgets=num_budgets, time_limit_s=time_limit,
-                                     verify=verify, log=click.echo)
+                                     verify=verify, layout=layout, log=click.echo)
         except autoremat.CompilerUnavailableError as e:
             raise click.ClickException(f"{e} (or use --target none)") from None
         text = (f"# {model.name} on {target}\n\n{model.description}\n\nMade with `{command}`; "

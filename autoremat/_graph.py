@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 
+from autoremat._layout import Layout
+
 
 @dataclasses.dataclass(frozen=True)
 class Value:
@@ -86,6 +88,7 @@ class Graph:
       step_flops: FLOPs of the forward plus backward pass without remat (of one device).
       fingerprint: a digest of the program's structure, to check a plan is applied to
         the function it was made for.
+      layout: how the values' bytes were counted (see :mod:`autoremat._layout`).
       cuts: the placement: indices of the top-level equations that start a new region of
         unrolled code (scans are regions of their own).
       largest_grad_bytes: bytes of the largest argument gradient (the largest of the
@@ -105,6 +108,7 @@ class Graph:
     cuts: tuple[int, ...]
     scan_pieces: tuple[tuple[int, ...], ...] = ()
     largest_grad_bytes: int = 0
+    layout: Layout = "dense"
 
     def array(self, field: str, dtype: type = np.int64) -> np.ndarray:
         """One field of every value as a numpy array, in ``values`` order."""

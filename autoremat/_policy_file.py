@@ -23,6 +23,7 @@ Format (version 1; :data:`SCHEMA` is the JSON Schema)::
      "program": {"fingerprint", "arg_bytes", "grad_bytes",
                  "cuts": [equation index, ...],
                  "scan_pieces": [[iterations, ...] per top-level scan] (optional),
+                 "layout": "dense" or "tpu" (optional, "dense" when absent),
                  "regions": [{"kind", "length", "values"}, ...]},
      "offload": null or {"host_budget", "target", "overlap", "host_bandwidth",
                  "peak_flops", "regions", "scan_buffers"} (autoremat.OffloadConfig),
@@ -48,6 +49,7 @@ from autoremat_solvers.milp import MilpStatus
 
 from autoremat import _solve
 from autoremat._graph import Graph, Value
+from autoremat._layout import LAYOUTS, Layout
 from autoremat._offload import OffloadConfig, offload_problem
 from autoremat._rewrite import PlanMismatchError
 
@@ -104,6 +106,8 @@ SCHEMA: dict[str, Any] = {
         }, optional={
             # Absent in files from before scans could be split: every scan whole.
             "scan_pieces": {"type": "array", "items": {"type": "array", "items": _POSITIVE}},
+            # Absent in files from before layouts: dense.
+            "layout": {"enum": list(LAYOUTS)},
         }),
         "offload": {"oneOf": [{"type": "null"}, _record({
             "host_budget": _POSITIVE,
@@ -259,6 +263,7 @@ class PolicyFile:
       regions: the program's remat regions, in program order.
       decisions: every save, recompute and offload, in program order of their first value.
       offload: the offload configuration the plan was made with, or ``None``.
+      layout: how the values' bytes are counted (``Plan.layout``).
     """
 
     autoremat_version: str
@@ -283,6 +288,7 @@ class PolicyFile:
     decisions: tuple[Decision, ...]
     offload: OffloadConfig | None = None
     scan_pieces: tuple[tuple[int, ...], ...] = ()
+    layout: Layout = "dense"
 
     @property
     def num_values(self) -> int:
@@ -333,7 +339,8 @@ class PolicyFile:
             grad_bytes=graph.grad_bytes, cuts=plan.cuts,
             regions=tuple(RegionSummary(r.kind, r.length, int(n))
                           for r, n in zip(graph.regions, counts)),
-            decisions=tuple(decisions), offload=plan.offload, scan_pieces=plan.scan_pieces)
+            decisions=tuple(decisions), offload=plan.offload, scan_pieces=plan.scan_pieces,
+            layout=plan.layout)
 
     def to_json(self) -> str:
         """The file's text: objects one member a line, each decision on a line of its own."""
@@ -422,7 +429,8 @@ class PolicyFile:
         found = [RegionSummary(r.kind, r.length, int(n)) for r, n in zip(graph.regions, counts)]
         if len(found) != len(self.regions):
             return [f"regions: {len(self.regions)} in the file, {len(found)} in the function"]
-        out = []
+        out = [] if graph.layout == self.layout else [
+            f"layout: {self.layout} in the file, {graph.layout} in the function's trace"]
         for i, (a, b) in enumerate(zip(self.regions, found)):
             for field in ("kind", "length", "values"):
                 if getattr(a, field) != getattr(b, field):
@@ -466,6 +474,7 @@ class PolicyFile:
             "program": {"fingerprint": self.fingerprint, "arg_bytes": self.arg_bytes,
                         "grad_bytes": self.grad_bytes, "cuts": list(self.cuts),
                         "scan_pieces": [list(p) for p in self.scan_pieces],
+                        "layout": self.layout,
                         "regions": [dataclasses.asdict(r) for r in self.regions]},
             "offload": None if self.offload is None else {
                 **dataclasses.asdict(self.offload),
@@ -488,6 +497,7 @@ class PolicyFile:
             fingerprint=program["fingerprint"], arg_bytes=program["arg_bytes"],
             grad_bytes=program["grad_bytes"], cuts=tuple(program["cuts"]),
             scan_pieces=tuple(tuple(p) for p in program.get("scan_pieces", ())),
+            layout=program.get("layout", "dense"),
             regions=tuple(RegionSummary(**r) for r in program["regions"]),
             decisions=tuple(Decision(
                 action=d["action"],

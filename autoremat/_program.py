@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import hashlib
 import itertools
-import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +28,9 @@ from jax._src import core as jax_core
 from jax._src import source_info_util
 from jax._src.ad_checkpoint import CheckpointName, name_p
 from jax.ad_checkpoint import checkpoint_name
+
+from autoremat import _layout
+from autoremat._layout import Layout
 
 # Calls whose body is inlined into the caller. An existing checkpoint is dropped:
 # its region is re-planned (outer policies win, so nesting ours inside would be ignored).
@@ -103,21 +105,30 @@ class Program:
     outs: tuple[Atom, ...]
     # The shardings inlined ``jit`` calls put on values (``in_shardings``/``out_shardings``).
     call_shardings: tuple[tuple[int, Any], ...] = ()
-    # Per-device bytes by value id (see autoremat._sharding); absent ids have full size.
-    sizes: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    # Per-device shapes by value id (see autoremat._sharding); absent ids have full shape.
+    shapes: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     # For a program made by :func:`split_scans`: the iterations of each piece its top-level
     # scans were split into, and the structure digest of the program it was split from.
     scan_pieces: tuple[tuple[int, ...], ...] = ()
     split_from: str | None = None
+    # How values are laid out in memory (see autoremat._layout).
+    layout: Layout = "dense"
+
+    def value_shape(self, value_id: int) -> tuple[int, ...]:
+        """The shape of the part of value ``value_id`` one device holds."""
+        shape = self.shapes.get(value_id)
+        return tuple(getattr(self.avals[value_id], "shape", ())) if shape is None else shape
 
     def value_bytes(self, value_id: int) -> int:
-        """Bytes one device holds of value ``value_id``."""
+        """Bytes one device holds of value ``value_id``, under the program's layout."""
         return self._bytes[value_id]
 
     @functools.cached_property
     def _bytes(self) -> dict[int, int]:
         """:meth:`value_bytes` of every value, worked out once."""
-        return {i: self.sizes[i] if i in self.sizes else nbytes(a) for i, a in self.avals.items()}
+        args = frozenset(self.args)
+        return {i: nbytes(a, self.layout, self.value_shape(i), argument=i in args)
+                for i, a in self.avals.items()}
 
 
 def flatten(closed: jax_core.ClosedJaxpr) -> Program:
@@ -483,12 +494,16 @@ def run_program(program: Program, regions: Sequence[Segment], named: frozenset[i
     return [_read(a, env, program.consts) for a in program.outs]
 
 
-def nbytes(aval: jax_core.AbstractValue) -> int:
-    """Bytes of one instance of ``aval`` (0 for tokens and other non-arrays)."""
-    shape = getattr(aval, "shape", None)
+def nbytes(aval: jax_core.AbstractValue, layout: Layout = "dense",
+           shape: Sequence[int] | None = None, *, argument: bool = False) -> int:
+    """Bytes of one instance of ``aval`` (0 for tokens and other non-arrays) under
+    ``layout``, of ``shape`` when given (a shard's), else of the aval's; ``argument``:
+    an argument of the step (see :mod:`autoremat._layout`)."""
     dtype = getattr(aval, "dtype", None)
-    if shape is None or dtype is None:
+    if getattr(aval, "shape", None) is None or dtype is None:
         return 0
     # Extended dtypes (PRNG keys) are not numpy dtypes but know their size.
     known = isinstance(dtype, np.dtype) or jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
-    return math.prod(shape) * (dtype.itemsize if known else np.dtype(dtype).itemsize)
+    itemsize = dtype.itemsize if known else np.dtype(dtype).itemsize
+    return _layout.array_bytes(aval.shape if shape is None else shape, itemsize, layout,
+                               argument=argument)

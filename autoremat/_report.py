@@ -47,6 +47,8 @@ def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
         + f", {p.solve_seconds:.2f} s, {p.num_values} values in {len(p.regions)} regions",
         *([(f"scans split into  {', '.join('+'.join(map(str, s)) for s in p.scan_pieces if s)}"
            " iterations (each piece its own region)")] if any(p.scan_pieces) else []),
+        *([f"layout            {p.layout} (bytes of the tiled TPU layout)"]
+          if p.layout == "tpu" else []),
         "",
     ]
     rows = []

@@ -2,7 +2,7 @@
 
 A training step sharded over a mesh holds a shard of each value on every device; what a
 device's memory must fit is its shards. :func:`localize` gives every value of a
-:class:`~autoremat._program.Program` its per-device bytes (``Program.sizes``), from what
+:class:`~autoremat._program.Program` its per-device shape (``Program.shapes``), from what
 the program and its arguments say about shardings. A value's sharding is a spec: per
 dimension, the mesh axes that split it (per-device extent ``ceil(size / prod(axes))``).
 
@@ -95,7 +95,7 @@ class _Specs:
     specs: dict[int, Spec] = dataclasses.field(default_factory=dict)
     guessed: set[int] = dataclasses.field(default_factory=set)
     axis_sizes: dict[str, int] = dataclasses.field(default_factory=dict)
-    fixed: dict[int, int] = dataclasses.field(default_factory=dict)  # shard_map bodies
+    fixed: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # shard_map bodies
 
     def add_mesh(self, mesh: Any) -> None:
         for name, size in zip(mesh.axis_names, mesh.axis_sizes):
@@ -114,16 +114,18 @@ class _Specs:
     def spec(self, a: Atom) -> Spec | None:
         return self.specs.get(a) if isinstance(a, int) else None
 
-    def local_bytes(self, i: int) -> int:
-        aval = self.program.avals[i]
-        full = _program.nbytes(aval)
-        spec = self.specs.get(i)
-        if not full or not spec:
-            return full
+    def local_shape(self, i: int) -> tuple[int, ...]:
+        """The shape of value ``i``'s shard on one device."""
         shape = self.shape(i)
-        local = [-(-d // math.prod(self.axis_sizes.get(a, 1) for a in axes))
-                 for d, axes in zip(shape, spec)]
-        return full // max(1, math.prod(shape)) * math.prod(local)
+        spec = self.specs.get(i)
+        if not spec:
+            return shape
+        return tuple(-(-d // math.prod(self.axis_sizes.get(a, 1) for a in axes))
+                     for d, axes in zip(shape, spec))
+
+    def local_bytes(self, i: int) -> int:
+        """Dense bytes of value ``i``'s shard on one device."""
+        return _program.nbytes(self.program.avals[i], shape=self.local_shape(i))
 
     def set(self, i: int, spec: Spec, guess: bool = False) -> None:
         aval = self.program.avals[i]
@@ -156,14 +158,14 @@ class _Specs:
 
 
 def localize(program: Program, arg_shardings: Sequence[Any]) -> Program:
-    """``program`` with the per-device bytes of its values (see the module docstring).
+    """``program`` with the per-device shapes of its values (see the module docstring).
 
     Args:
       program: the flattened program.
       arg_shardings: per flat argument, its sharding (:func:`leaf_sharding`) or None.
 
     Returns:
-      ``program`` with ``sizes`` set, or unchanged when nothing in it is sharded.
+      ``program`` with ``shapes`` set, or unchanged when nothing in it is sharded.
     """
     s = _Specs(program)
     follows = _following_constraints(program, s)
@@ -184,8 +186,8 @@ def localize(program: Program, arg_shardings: Sequence[Any]) -> Program:
     _propagate(program.eqns, s, follows, calls)
     if not s.axis_sizes and not s.fixed:
         return program
-    sizes = {i: s.fixed[i] if i in s.fixed else s.local_bytes(i) for i in program.avals}
-    return dataclasses.replace(program, sizes=sizes)
+    shapes = {i: s.fixed[i] if i in s.fixed else s.local_shape(i) for i in program.avals}
+    return dataclasses.replace(program, shapes=shapes)
 
 
 def _following_constraints(program: Program, s: _Specs) -> dict[int, list[Spec]]:
@@ -299,9 +301,9 @@ def _shard_map(e: Eqn, s: _Specs) -> None:
         if _explicit(aval):
             s.set(b, tuple(tuple(a for a in axes if a not in manual)
                            for axes in s.explicit_spec(aval)))
-            s.fixed[b] = s.local_bytes(b)
+            s.fixed[b] = s.local_shape(b)
         else:
-            s.fixed[b] = _program.nbytes(aval)
+            s.fixed[b] = s.shape(b)
 
 
 def _rule(e: Eqn, s: _Specs) -> list[tuple[Spec, bool]]:
@@ -462,7 +464,7 @@ def per_device_flops(graph: Graph, program: Program) -> Graph:
     per-device share (a ``shard_map`` body's values are per device already), and the
     step's FLOPs by the same overall ratio, so that the objective and the overhead are
     the time one device spends. Unchanged for an unsharded program."""
-    if not program.sizes:
+    if not program.shapes:
         return graph
     devices = {o: manual_devices(e.params) for e in _all_eqns(program.eqns)
                if e.shard_body is not None
@@ -470,9 +472,10 @@ def per_device_flops(graph: Graph, program: Program) -> Graph:
                                               for x in b.outs))}
     values, local, total = [], 0, 0
     for v in graph.values:
-        full = _program.nbytes(program.avals[v.id])
+        full = math.prod(v.shape)
         n = devices.get(v.id)
-        flops = v.flops if n is not None or not full else v.flops * v.nbytes // full
+        flops = (v.flops if n is not None or not full
+                 else v.flops * math.prod(program.value_shape(v.id)) // full)
         values.append(dataclasses.replace(v, flops=flops))
         local += flops
         total += v.flops * (n or 1)

@@ -29,9 +29,10 @@ from jax._src import config as jax_config
 from jax._src import core as jax_core
 from jax._src import source_info_util
 
-from autoremat import _program, _sharding
+from autoremat import _layout, _program, _sharding
 from autoremat._cost import eqn_flops, fuses_cotangent, fusible, jaxpr_flops
 from autoremat._graph import Graph, Region, Value
+from autoremat._layout import Layout
 from autoremat._program import Atom, Eqn, Program, ScanBody, Segment
 
 # The residual a remat region saves for a name is the name's output, sometimes behind
@@ -401,29 +402,38 @@ def _warn_unplanned(nbytes: int, region: Segment) -> None:
 
 
 def trace_program(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
-                  scan_pieces: Sequence[tuple[int, ...]] = ()) -> Program:
+                  scan_pieces: Sequence[tuple[int, ...]] = (), layout: Layout = "dense"
+                  ) -> Program:
     """The flattened forward program of ``flat_fn`` (flat array arguments to a flat list
     of outputs), checked for side effects a remat region cannot replay, its top-level
-    scans split into ``scan_pieces`` (see :func:`split_program`)."""
+    scans split into ``scan_pieces`` (see :func:`split_program`), its values sized under
+    ``layout`` (see :mod:`autoremat._layout`).
+
+    Raises:
+      ValueError: ``layout`` is not one of :data:`autoremat._layout.LAYOUTS`.
+    """
+    layout = _layout.check(layout)
     program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
     _check_effects(program.eqns)
-    return split_program(program, avals, scan_pieces)
+    return split_program(dataclasses.replace(program, layout=layout), avals, scan_pieces)
 
 
 def split_program(program: Program, avals: Sequence[jax.ShapeDtypeStruct],
                   scan_pieces: Sequence[tuple[int, ...]]) -> Program:
     """``program`` (traced at ``avals``) with its top-level scans split into
     ``scan_pieces`` (:func:`autoremat._program.split_scans`; none when every entry is
-    ``()``), with per-device sizes from the avals' shardings (:mod:`autoremat._sharding`).
+    ``()``), with per-device shapes from the avals' shardings (:mod:`autoremat._sharding`),
+    under ``program``'s layout.
     """
     if any(scan_pieces):
-        program = _program.split_scans(program, scan_pieces, avals)
+        split = _program.split_scans(program, scan_pieces, avals)
+        program = dataclasses.replace(split, layout=program.layout)
     return _sharding.localize(program, [getattr(a, "sharding", None) for a in avals])
 
 
 def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
-          cuts: Sequence[int] | None = None, scan_pieces: Sequence[tuple[int, ...]] = ()
-          ) -> tuple[Program, tuple[Segment, ...], Graph]:
+          cuts: Sequence[int] | None = None, scan_pieces: Sequence[tuple[int, ...]] = (),
+          layout: Layout = "dense") -> tuple[Program, tuple[Segment, ...], Graph]:
     """Traces ``flat_fn`` (flat array arguments to a flat list of outputs).
 
     Args:
@@ -431,11 +441,12 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
       avals: its arguments' shapes and dtypes.
       cuts: the placement (see :func:`placements`); :func:`segment_cuts` when None.
       scan_pieces: how top-level scans are split (see :func:`trace_program`).
+      layout: how values are sized (see :mod:`autoremat._layout`).
 
     Returns:
       The flattened program, its regions, and the value graph.
     """
-    program = trace_program(flat_fn, avals, scan_pieces)
+    program = trace_program(flat_fn, avals, scan_pieces, layout)
     return (program, *graph_of(program, segment_cuts(program) if cuts is None else cuts))
 
 
@@ -664,6 +675,7 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
                        if _is_float(program.avals[a])),
         step_flops=step_flops,
         fingerprint=facts.fingerprint,
+        layout=program.layout,
         cuts=tuple(cuts),
         scan_pieces=program.scan_pieces,
         largest_grad_bytes=max((program.value_bytes(a) for a in program.args

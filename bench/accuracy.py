@@ -18,18 +18,22 @@ import pathlib
 import autoremat
 from autoremat import zoo
 from autoremat._benchmark import floor_bytes, versions
+from autoremat._layout import LAYOUTS
 
 
-def measure(model: str, target: str, time_limit_s: float) -> list[dict]:
-    """Predicted and compiler peaks of ``model``'s plans at three budgets."""
+def measure(model: str, target: str, time_limit_s: float, layout: str) -> list[dict]:
+    """Predicted and compiler peaks of ``model``'s plans at three budgets, planned with
+    ``layout``."""
     m = zoo.get(model)
     loss, args = m.make_loss(), (m.param_shapes(), m.batch_shapes())
-    floor = floor_bytes(loss, *args)
-    top = autoremat.plan(loss, *args, budget=1.0, time_limit_s=time_limit_s).peak_bytes
+    floor = floor_bytes(loss, *args, layout=layout)
+    top = autoremat.plan(loss, *args, budget=1.0, time_limit_s=time_limit_s,
+                         layout=layout).peak_bytes
     rows = []
     for k in range(3):
         budget = floor + k * (top - floor) // 3
-        p = autoremat.plan(loss, *args, budget=budget, time_limit_s=time_limit_s)
+        p = autoremat.plan(loss, *args, budget=budget, time_limit_s=time_limit_s,
+                           layout=layout)
         real = autoremat.measure_step(p.apply(loss), *args, target=target).peak_bytes
         rows.append({"model": model, "budget_bytes": budget, "predicted_peak_bytes": p.peak_bytes,
                      "real_peak_bytes": real, "error": p.peak_bytes / real - 1,
@@ -44,9 +48,11 @@ def main() -> None:
     parser.add_argument("--model", action="append", required=True, choices=sorted(zoo.ZOO))
     parser.add_argument("--target", default="tpu-v5e")
     parser.add_argument("--time-limit", type=float, default=30.0)
+    parser.add_argument("--layout", default="dense", choices=LAYOUTS)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args()
-    rows = [r for name in args.model for r in measure(name, args.target, args.time_limit)]
+    rows = [r for name in args.model
+            for r in measure(name, args.target, args.time_limit, args.layout)]
     lines = ["| model | budget MiB | regions | predicted MiB | compiler MiB | error |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['budget_bytes'] / 2**20:.0f} | {r['regions']} | "
@@ -55,7 +61,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "accuracy.md").write_text(
         f"# Analytic model vs {args.target} compiler\n\nMade with `python bench/accuracy.py "
-        + " ".join(f"--model {m}" for m in args.model) + f" --target {args.target}`; "
+        + " ".join(f"--model {m}" for m in args.model)
+        + f" --target {args.target} --layout {args.layout}`; "
         f"versions {json.dumps(versions())}.\n\n" + "\n".join(lines) + "\n")
     (args.out / "accuracy.json").write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -128,6 +128,14 @@ def test_plan_a_zoo_model(tmp_path):
     assert (tmp_path / "mlp.json").exists()
 
 
+def test_plan_in_the_tpu_layout(tmp_path):
+    result = _run("plan", "--model", "mlp-tiny", "--budget", "1.0", "--out", "mlp.json",
+                  "--rows", "0", "--layout", "tpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "layout            tpu" in result.stdout
+    assert autoremat.PolicyFile.read(tmp_path / "mlp.json").layout == "tpu"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="the TPU compiler is an optional extra: pip install -e '.[tpu]'")
 def test_plan_verified_on_the_tpu_compiler(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -122,26 +123,27 @@ def _floor(loss, args) -> int:
     return info.value.floor_bytes
 
 
-# Known defect (as in tests/zoo/test_zoo.py): recomputing anything in a segment replays
-# the barrier over all its inputs, so JAX keeps as residuals inputs the plan does not save;
-# here the scan's final carry, which the scanned floor plan leaves to the head to read.
-_BARRIER_RESIDUAL = pytest.mark.xfail(strict=True, reason="segment barrier keeps an unplanned input")
-
-
-@pytest.mark.parametrize("model", ["gpt2_unrolled",
-                                   pytest.param("gpt2_scanned", marks=_BARRIER_RESIDUAL)])
-def test_the_floor_budget_is_the_least_peak_saving_the_fewest_bytes(model):
+@pytest.mark.parametrize("model", ["gpt2_unrolled", "gpt2_scanned"])
+def test_the_floor_budget_is_the_least_peak_keeping_the_most_room(model):
     loss, args = MODELS[model]()
     lowest = autoremat.plan(loss, *args, budget="floor")
     assert lowest.peak_bytes == lowest.budget_bytes == _floor(loss, args)
-    # The least-recompute plan at the same budget saves at least as much.
     cheapest = autoremat.plan(loss, *args, budget=lowest.budget_bytes)
-    assert lowest.saved_bytes <= cheapest.saved_bytes
     assert lowest.recompute_flops >= cheapest.recompute_flops
+    if (lowest.cuts, lowest.scan_pieces) == (cheapest.cuts, cheapest.scan_pieces):
+        # Counting no saved value as packed into the gradients' buffers, it peaks lower.
+        assert _unpacked_peak(lowest) <= _unpacked_peak(cheapest)
     optimized = lowest.apply(loss)
     for g0, g1 in zip(_grads(loss, args), _grads(optimized, args), strict=True):
         _assert_close(g0, g1)
     assert lowest.saved_bytes == _actual_saved_bytes(optimized, args)
+
+
+def _unpacked_peak(plan: autoremat.Plan) -> int:
+    problem = dataclasses.replace(_solve.to_problem(plan.graph), unshared=None)
+    ids = plan.graph.array("id")
+    return int(policy_model.stage_bytes(problem, np.isin(ids, list(plan.saved)),
+                                        np.isin(ids, list(plan.recomputed))).max())
 
 
 def _mid_budget(loss, args) -> int:

@@ -56,7 +56,7 @@ import scipy.sparse as sp
 from autoremat_solvers.milp import Milp, MilpResult, MilpStatus, Progress, solve_milp
 
 __all__ = ["PolicyProblem", "PolicyResult", "evaluate", "host_bytes", "prune", "prune_offload",
-           "solve", "solve_least_held", "solve_min_peak", "stage_bytes", "violations"]
+           "solve", "solve_min_peak", "stage_bytes", "violations"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -485,28 +485,6 @@ def _solve_within_budget(problem: PolicyProblem, budget: int, time_limit_s: floa
             return res
         margin += res.peak - budget
     raise RuntimeError("solver kept returning plans over the budget")
-
-
-def solve_least_held(problem: PolicyProblem, budget: int, *,
-                     time_limit_s: float | None = None, backend: str = "HIGHS") -> PolicyResult:
-    """The plan within ``budget`` bytes that saves the fewest bytes, then recomputes least.
-
-    At the floor (``budget`` = :func:`solve_min_peak`'s peak) the least-recompute plan
-    spends the slack that stages other than the peak's leave on saving more; the model
-    counts those values where the compiler's schedule may not, and this plan keeps none.
-    ``bound`` and ``gap`` of the result are about the saved bytes, not the cost.
-    """
-    milp = _model(problem, budget)
-    V = problem.num_values
-    unit = _memory_unit(problem)
-    c = np.zeros_like(milp.c)
-    c[:V] = problem.held / unit
-    # Recompute breaks ties only: all of it weighs half the smallest value saved.
-    smallest = float(problem.held[problem.held > 0].min(initial=1))
-    c[V:2 * V] = problem.cost / max(1.0, float(problem.cost.sum())) * smallest / (2 * unit)
-    result = solve_milp(dataclasses.replace(milp, c=c), backend=backend,
-                        time_limit_s=time_limit_s)
-    return _result(problem, result, unit)
 
 
 def solve_min_peak(problem: PolicyProblem, *, time_limit_s: float | None = None,
