@@ -1,0 +1,75 @@
+"""The floor: autoremat's ``budget="floor"`` plan against ``nothing_saveable`` per layer,
+both compiled for a TPU target, as the issues on the benchmark and on placement ask
+(autoremat's floor no higher than ``nothing_saveable``'s).
+
+    python bench/floor.py --model gpt2-small --model gpt2-small-scan --model llama
+
+Writes ``floor.md`` and ``floor.json`` under ``--out``. Each row: the real peak and the
+program's recompute overhead (FLOPs of the training step's jaxpr over no remat's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shlex
+import sys
+
+import autoremat
+from autoremat import _measure, zoo
+from autoremat._benchmark import BUILTIN_POLICIES, program_flops, versions
+
+
+def measure(name: str, target: str, time_limit_s: float) -> dict:
+    """``nothing_saveable``'s and the floor plan's real peak and overhead for one model."""
+    model = zoo.get(name)
+    args = (model.param_shapes(), model.batch_shapes())
+    loss = model.make_loss()
+    argnums = _measure.float_argnums(args)
+    base = program_flops(loss, *args, argnums=argnums)
+    baseline = model.make_loss(BUILTIN_POLICIES["nothing_saveable"])
+    floor = autoremat.plan(loss, *args, budget="floor", time_limit_s=time_limit_s)
+    row = {"model": name, "target": target, "floor_predicted_bytes": floor.peak_bytes,
+           "floor_status": floor.status, "floor_scan_pieces": floor.scan_pieces}
+    for key, fn in (("nothing_saveable", baseline), ("floor", floor.apply(loss))):
+        row[f"{key}_real_bytes"] = _measure.measure_step(fn, *args, target=target,
+                                                         argnums=argnums).peak_bytes
+        row[f"{key}_overhead"] = program_flops(fn, *args, argnums=argnums) / base - 1
+    print(row, flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", action="append", choices=sorted(zoo.ZOO))
+    parser.add_argument("--target", default="tpu-v5e")
+    parser.add_argument("--time-limit", type=float, default=30.0)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
+    args = parser.parse_args()
+    rows = [measure(m, args.target, args.time_limit)
+            for m in args.model or ["gpt2-small", "gpt2-small-scan", "llama"]]
+    command = shlex.join(["python", *sys.argv])
+    mib = lambda b: f"{b / 2**20:.1f}"
+    lines = [
+        "# The floor against nothing_saveable", "",
+        (f"Made with `{command}`; versions {json.dumps(versions())}. `budget=\"floor\"`: the "
+         "least peak the model allows, then the least stage peak with no saved value packed "
+         "into the gradients' buffers, then the least recompute. Program overhead: FLOPs of "
+         "the training step's jaxpr over no remat's."), "",
+        ("| model | nothing_saveable MiB | overhead | floor plan MiB (predicted) | overhead "
+         "| floor - nothing_saveable |"),
+        "|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {mib(r['nothing_saveable_real_bytes'])} | "
+              f"{r['nothing_saveable_overhead']:+.2%} | {mib(r['floor_real_bytes'])} "
+              f"({mib(r['floor_predicted_bytes'])}) | {r['floor_overhead']:+.2%} | "
+              f"{mib(r['floor_real_bytes'] - r['nothing_saveable_real_bytes'])} MiB |"
+              for r in rows]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "floor.md").write_text("\n".join(lines) + "\n")
+    (args.out / "floor.json").write_text(json.dumps(
+        {"command": command, "versions": versions(), "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
