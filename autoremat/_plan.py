@@ -240,6 +240,7 @@ def _problem_of(facts: _trace.ProgramFacts, cuts: Sequence[int], op_times: OpTim
 
 def _plan_of(graph: Graph, d: _solve.Decisions, budget_bytes: int, no_remat_peak: int,
              offload: OffloadConfig | None) -> Plan:
+    """The :class:`Plan` of decisions ``d`` on ``graph``."""
     return Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=budget_bytes,
                 peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
                 recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
@@ -268,7 +269,7 @@ def _floor_plan(candidates: Sequence[tuple[_trace.ProgramFacts, Sequence[int]]],
         raise SolverTimeoutError("the solver found no plan for the floor budget; raise "
                                  "time_limit_s.")
     peak, k = min(found)
-    graph, problem, _ = lowest[k]
+    graph, problem, floor = lowest[k]
     unpacked = dataclasses.replace(problem, unshared=None)
     low = policy_model.solve_min_peak(unpacked, time_limit_s=share(2))
     result = policy_model.solve(unpacked, low.peak, time_limit_s=share(1))
@@ -277,6 +278,8 @@ def _floor_plan(candidates: Sequence[tuple[_trace.ProgramFacts, Sequence[int]]],
             problem, result.save, result.recompute, result.offload)[1] > peak:
         result = policy_model.solve(problem, peak, time_limit_s=share(1))
         solves.append(result)
+    if result.save is None:  # the time limit stopped both: the least-peak plan stands
+        result = floor
     proven = all(r.status is MilpStatus.OPTIMAL for r in solves)
     result = dataclasses.replace(
         result, peak=policy_model.evaluate(problem, result.save, result.recompute,
