@@ -122,7 +122,7 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         peak.
       num_budgets: how many budgets, from the analytic floor plan's real peak to the
         compiler's no-checkpoint peak (the floor plan itself is one more row).
-      time_limit_s: the solver's limit per plan.
+      time_limit_s: the planning time limit per plan (per closed-loop round).
       verify: plan with the closed loop (``plan(..., verify=target)``).
       layout: how planning counts bytes (see :func:`autoremat.plan`).
       log: called with a line per finished row.

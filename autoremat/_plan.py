@@ -310,7 +310,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     budget a placement is solved for by its margin (the closed loop's correction for
     how far the compiler's peak of that placement's plans came out above the model's);
     placements without one are lowered by ``default_margin``. ``layout`` sizes the values
-    (see :func:`plan`).
+    (see :func:`plan`). ``budget="floor"`` is planned by :func:`_floor_plan`.
     """
     start = time.perf_counter()
     program = _trace.trace_program(flat_fn, avals, layout=layout)
@@ -321,6 +321,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     candidates = [(f, cuts) for f in facts for cuts in _trace.placements(f.program)]
     share = lambda left: solver_share(time_limit_s, time.perf_counter() - start, left,
                                       len(candidates))
+    if parse_budget(budget) == FLOOR:
+        return _floor_plan(candidates, share, op_times, offload)
     best: Plan | None = None
     best_key = (math.inf, 0)  # (cost in the solver's units, peak) of ``best``
     lower = math.inf  # the least lower bound on the cost of placements left unproven
@@ -328,8 +330,6 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     below: list[tuple[policy_model.PolicyProblem, int]] = []
     spent = 0.0
     budget_bytes = 0
-    if parse_budget(budget) == FLOOR:
-        return _floor_plan(candidates, share, op_times, offload)
     for k, (program_facts, cuts) in enumerate(candidates):
         graph, problem = _problem_of(program_facts, cuts, op_times, offload)
         baseline = _solve.no_remat(graph, problem)
@@ -599,12 +599,7 @@ def load_plan(path: str | os.PathLike, fn: Callable, *args: Any, **kwargs: Any) 
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
     _, _, graph = _trace.trace(flat_fn, avals, policy.cuts, policy.scan_pieces, policy.layout)
     d = policy.match(graph, where=os.fspath(path))
-    return Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=policy.budget_bytes,
-                peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
-                recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
-                no_remat_peak_bytes=_solve.no_remat(graph, _solve.to_problem(graph)).peak_bytes,
-                status=d.status, gap=d.gap, cuts=graph.cuts, solve_seconds=d.solve_seconds,
-                graph=graph, verified_peak_bytes=policy.verified_peak_bytes,
-                verify_target=policy.target, offloaded=d.offloaded,
-                offloaded_bytes=d.offloaded_bytes, offload_flops=d.offload_flops,
-                offload=policy.offload, scan_pieces=graph.scan_pieces, layout=graph.layout)
+    no_remat = _solve.no_remat(graph, _solve.to_problem(graph)).peak_bytes
+    return dataclasses.replace(_plan_of(graph, d, policy.budget_bytes, no_remat, policy.offload),
+                               verified_peak_bytes=policy.verified_peak_bytes,
+                               verify_target=policy.target)

@@ -149,32 +149,40 @@ def stage_bytes(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
     """Bytes in use at each region's backward stage, then at each forward stage, in exact
     integer arithmetic."""
     R = problem.num_regions
-    held = np.zeros(R, dtype=object)
-    own = np.zeros(R, dtype=object)
     trans = np.zeros(R, dtype=object)
-    for v in np.flatnonzero(save):
-        held[problem.region[v]] += int(problem.held[v])
-        own[problem.region[v]] += int(problem.forward_held[v])
     for v in np.flatnonzero(recompute):
         trans[problem.region[v]] += int(problem.transient[v])
+    held, own = _held_by_region(problem, save.astype(bool))
     for v in np.flatnonzero(_no_offload(problem, offload)):
         trans[problem.region[v]] += int(problem.offload_backward[v])
         own[problem.region[v]] += int(problem.offload_forward[v])
-    as_int = lambda a: np.array([int(b) for b in a], dtype=object)
-    before = np.cumsum(held) - held
-    stages = np.concatenate([as_int(problem.base) + before + held + trans,
-                             as_int(problem.forward_base) + before + own])
+    stages = _stages(problem.base, problem.forward_base, held, own, trans)
     if problem.unshared is None:
         return stages
-    mask = save.astype(bool) & problem.unshared
-    rheld, rown = np.zeros(R, dtype=object), np.zeros(R, dtype=object)
-    for v in np.flatnonzero(mask):
-        rheld[problem.region[v]] += int(problem.held[v])
-        rown[problem.region[v]] += int(problem.forward_held[v])
-    rbefore = np.cumsum(rheld) - rheld
-    reserved = np.concatenate([as_int(problem.reserved_base) + rbefore + rheld + trans,
-                               as_int(problem.reserved_forward_base) + rbefore + rown])
-    return np.maximum(stages, reserved)
+    rheld, rown = _held_by_region(problem, save.astype(bool) & problem.unshared)
+    return np.maximum(stages, _stages(problem.reserved_base, problem.reserved_forward_base,
+                                      rheld, rown, trans))
+
+
+def _held_by_region(problem: PolicyProblem, saved: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per region, the bytes the ``saved`` values hold to the end of its backward, and
+    those they hold at its forward stage (exact Python integers)."""
+    held = np.zeros(problem.num_regions, dtype=object)
+    own = np.zeros(problem.num_regions, dtype=object)
+    for v in np.flatnonzero(saved):
+        held[problem.region[v]] += int(problem.held[v])
+        own[problem.region[v]] += int(problem.forward_held[v])
+    return held, own
+
+
+def _stages(base: np.ndarray, forward_base: np.ndarray, held: np.ndarray, own: np.ndarray,
+            trans: np.ndarray) -> np.ndarray:
+    """Backward then forward stage bytes: a stage's base, what earlier regions hold, and
+    the region's own saved (and, backward, recomputed) values."""
+    as_int = lambda a: np.array([int(b) for b in a], dtype=object)
+    before = np.cumsum(held) - held
+    return np.concatenate([as_int(base) + before + held + trans,
+                           as_int(forward_base) + before + own])
 
 
 def evaluate(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
