@@ -111,8 +111,8 @@ def program_flops(fn: Callable, *args: Any, argnums: int | Sequence[int] = 0) ->
 
 
 def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: int = 8,
-          time_limit_s: float = 60.0, verify: bool = True, layout: Layout = "dense",
-          log: Callable[[str], None] = lambda _: None) -> Sweep:
+          time_limit_s: float = 60.0, verify: bool = True, refine_rounds: int = 0,
+          layout: Layout = "dense", log: Callable[[str], None] = lambda _: None) -> Sweep:
     """Plans and measures ``model`` across budgets, beside the built-in policies.
 
     Args:
@@ -124,6 +124,8 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         compiler's no-checkpoint peak (the floor plan itself is one more row).
       time_limit_s: the planning time limit per plan (per closed-loop round).
       verify: plan with the closed loop (``plan(..., verify=target)``).
+      refine_rounds: compiles the closed loop may spend on cheaper plans once one fits
+        (see :func:`autoremat.plan`).
       layout: how planning counts bytes (see :func:`autoremat.plan`).
       log: called with a line per finished row.
 
@@ -169,7 +171,8 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         start = time.perf_counter()
         try:
             p = plan(loss, *args, budget=budget, time_limit_s=time_limit_s,
-                     verify=target if verify else None, layout=layout)
+                     verify=target if verify else None, refine_rounds=refine_rounds,
+                     layout=layout)
         except (InfeasibleBudgetError, BudgetNotVerifiedError) as e:
             status = "infeasible" if isinstance(e, InfeasibleBudgetError) else "not verified"
             rows.append(dataclasses.replace(row, status=status,

@@ -371,13 +371,15 @@ def demo(budget: float, scan: bool, time_limit: float, rows: int,
               help="Planning time limit per plan (per closed-loop round), in seconds.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Plan with the closed loop on the target's compiler.")
+@click.option("--refine-rounds", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Compiles the closed loop may spend on cheaper plans once one fits.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=pathlib.Path),
               default=pathlib.Path("bench/results"), show_default=True,
               help="Directory for MODEL.md, MODEL.json and MODEL.png.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
               help=_LAYOUT_HELP)
 def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limit: float,
-          verify: bool, out: pathlib.Path, layout: Layout) -> None:
+          verify: bool, refine_rounds: int, out: pathlib.Path, layout: Layout) -> None:
     """Sweep budgets for zoo models beside JAX's built-in policies; write a markdown
     table, JSON and a Pareto plot per model.
 
@@ -395,7 +397,8 @@ def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limi
         try:
             sweep = _benchmark.sweep(model, target=None if target == "none" else target,
                                      num_budgets=num_budgets, time_limit_s=time_limit,
-                                     verify=verify, layout=layout, log=click.echo)
+                                     verify=verify, refine_rounds=refine_rounds,
+                                     layout=layout, log=click.echo)
         except autoremat.CompilerUnavailableError as e:
             raise click.ClickException(f"{e} (or use --target none)") from None
         text = (f"# {model.name} on {target}\n\n{model.description}\n\nMade with `{command}`; "

@@ -33,6 +33,10 @@ class Value:
       user_name: the name the user's code gave it with
         :func:`jax.ad_checkpoint.checkpoint_name` (it is then that ``name`` equation's
         output), or ``None``.
+      replays_barrier: it reads an input of a region whose inputs pass through an
+        optimization barrier (:func:`autoremat._program.has_input_barrier`): recomputing
+        it replays the barrier, which keeps every input of the region (JAX has no rule to
+        drop a barrier's unused operands; see :attr:`Region.barrier_inputs`).
     """
 
     id: int
@@ -50,6 +54,7 @@ class Value:
     needed: bool
     needed_across: bool
     user_name: str | None = None
+    replays_barrier: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +71,9 @@ class Region:
         through the region (those of elementwise chains fuse into their consumers).
       grad_bytes: bytes of argument gradients that exist from the region's backward pass
         on (those of arguments read in this region or later).
+      barrier_inputs: the values of other regions that pass through the region's input
+        barrier; each is kept for the region's backward if it recomputes a value that
+        :attr:`Value.replays_barrier` (empty without a barrier).
     """
 
     index: int
@@ -74,6 +82,7 @@ class Region:
     work_bytes: int
     cotangent_bytes: int
     grad_bytes: int
+    barrier_inputs: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -378,8 +378,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
 
 def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
          backends: tuple[str, ...] = ("HIGHS", "SCIP"), verify: str | None = None,
-         verify_rounds: int = 4, offload: OffloadConfig | None = None,
-         progress: Progress | None = None, op_times: OpTimes | None = None,
+         verify_rounds: int = 4, refine_rounds: int = 0,
+         offload: OffloadConfig | None = None, progress: Progress | None = None, op_times: OpTimes | None = None,
          layout: Layout = "dense", **kwargs: Any) -> Plan:
     """Plans remat for ``fn(*args, **kwargs)`` under ``budget``.
 
@@ -414,7 +414,14 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         compiler's peak exceeds the budget, the model's budget is lowered by the excess
         and the plan solved again, so that a returned plan fits on the real compiler
         (``Plan.verified_peak_bytes``). Each round is one compile (seconds to a minute).
-      verify_rounds: the most compiles the closed loop makes.
+      verify_rounds: the most compiles the closed loop makes before a plan fits.
+      refine_rounds: with ``verify``, the most compiles spent, once a plan fits, on
+        cheaper plans: each placement is solved again for the budget the compiler's
+        errors on it allow (looser where its peak came out below the model's, halfway
+        back where that was too loose; placements not compiled by the largest error
+        seen), and the plan that fits with the least recompute is returned. It stops
+        early when the solve gives no cheaper plan not compiled yet. A refined plan's ``peak_bytes`` (the model's) may exceed the budget;
+        its ``verified_peak_bytes`` does not. Default 0: the first plan that fits.
       offload: an :class:`autoremat.OffloadConfig` lets the plan offload residuals to host
         memory as a third choice besides saving and recomputing, under its host budget,
         priced by its transfer time (``Plan.offloaded``). ``None`` (default): no offload.
@@ -490,11 +497,17 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
     # error is still unknown (GPT-2-small unrolled at 1.9 GiB ran out of rounds so).
     margins: dict[Placement, int] = {}
     unknown_margin = 0
+    errors: dict[Placement, int] = {}  # per placement, the largest compiler peak - model's
+    compiled: set[tuple] = set()
     lowest_real = None  # the lowest compiler peak of the plans compiled so far
-    for attempt in range(1, verify_rounds + 1):
+    best: Plan | None = None  # the plan that fit with the least recompute
+    tries = refines = 0  # compiles before a plan fit, and after
+    while (tries < verify_rounds) if best is None else (refines < refine_rounds):
         try:
             result = solve(model_budget, margins=margins, default_margin=unknown_margin)
         except InfeasibleBudgetError as e:
+            if best is not None:
+                break
             # Below the model's floor: its lowest plan may still fit on the compiler. The
             # compiler's peak is not monotone in the model's, so a plan compiled in an
             # earlier round may have come out lower: the floor reported is the lower.
@@ -506,26 +519,56 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
                                             ) from None
         else:
             target_bytes = target_bytes or result.budget_bytes
+            decided = (_placement(result), result.saved, result.recomputed, result.offloaded)
+            if best is not None and (decided in compiled or
+                                     _recompute_cost(result) >= _recompute_cost(best)):
+                break  # nothing cheaper left to try
+            compiled.add(decided)
             peak = real_peak(result)
+        if best is None:
+            tries += 1
+        else:
+            refines += 1
         lowest_real = min(peak, lowest_real or peak)
+        key = _placement(result)
+        errors[key] = max(errors.get(key, peak - result.peak_bytes), peak - result.peak_bytes)
         if peak <= target_bytes:
-            return dataclasses.replace(result, budget_bytes=target_bytes,
-                                       verified_peak_bytes=peak, verify_target=verify)
+            if best is None or _recompute_cost(result) < _recompute_cost(best):
+                best = dataclasses.replace(result, budget_bytes=target_bytes,
+                                           verified_peak_bytes=peak, verify_target=verify)
+            # Refining: each placement is solved for the budget its errors so far allow,
+            # looser where the compiler came out below the model.
+            model_budget = target_bytes
+            margins[key] = errors[key] + _VERIFY_MARGIN
+            unknown_margin = max(errors.values()) + _VERIFY_MARGIN
+            continue
+        model_budget = target_bytes
+        used = margins.get(key, unknown_margin) + (target_bytes - result.budget_bytes)
+        unknown_margin = max(unknown_margin, errors[key] + _VERIFY_MARGIN)
+        if best is not None and used < errors[key]:
+            # Refining, a loosened budget was too loose for this placement: try halfway
+            # to what its largest error allows (another plan of it may fit in between).
+            margins[key] = (used + errors[key] + _VERIFY_MARGIN) // 2
+            continue
         # That placement is solved lower by the excess but at least 0.5% of the budget,
         # more each round (the compiler's peak moves in steps: a plan a few MiB lower can
         # come out the same), and at least by as much as the compiler's peak exceeded
         # the model's for it.
-        model_budget = target_bytes
-        key = _placement(result)
-        step = attempt * max(peak - target_bytes, target_bytes // 200)
-        used = margins.get(key, unknown_margin) + (target_bytes - result.budget_bytes)
-        margins[key] = max(used + step, peak - result.peak_bytes) + _VERIFY_MARGIN
-        unknown_margin = max(unknown_margin, peak - result.peak_bytes + _VERIFY_MARGIN)
+        step = (tries if best is None else refines) * max(peak - target_bytes,
+                                                          target_bytes // 200)
+        margins[key] = max(used + step, errors[key]) + _VERIFY_MARGIN
+    if best is not None:
+        return best
     raise BudgetNotVerifiedError(
         f"after {verify_rounds} compiles for {verify} the step still peaks at "
         f"{format_bytes(peak)} against a budget of {format_bytes(target_bytes)} (the lowest "
         f"plan compiled peaked at {format_bytes(lowest_real)}); raise verify_rounds or the "
         "budget.")
+
+
+def _recompute_cost(p: Plan) -> int:
+    """What a plan adds to the step: its recomputed FLOPs and its offloads' cost."""
+    return p.recompute_flops + p.offload_flops
 
 
 def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int] = (),

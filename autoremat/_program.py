@@ -452,6 +452,13 @@ def _run_shard_map(eqn: Eqn, invals: list, consts: Mapping[int, Any],
     return list(mapped(*invals))
 
 
+def has_input_barrier(region: Segment) -> bool:
+    """Whether :func:`region_fn` passes the region's inputs through an optimization barrier:
+    a segment does, unless it holds a ``shard_map`` (behind a barrier, JAX keeps a
+    ``shard_map``'s input once more as its residual)."""
+    return region.kind == "segment" and all(e.shard_body is None for e in region.eqns)
+
+
 def region_fn(program: Program, region: Segment, named: frozenset[int],
               policy: Callable | None) -> Callable[..., list]:
     """The region as a function of its inputs returning its outputs.
@@ -468,8 +475,7 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
 
     if policy is None or region.kind == "scan":
         return fn
-    if any(e.shard_body is not None for e in region.eqns):
-        # Behind a barrier, JAX keeps a shard_map's input once more as its residual.
+    if not has_input_barrier(region):
         return jax.checkpoint(fn, policy=policy)
 
     def segment(*inputs: Any) -> list:

@@ -627,11 +627,20 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
                 program, r, named, _program.policy_for(named))
             arg_pos = mark_needed(make_fn, r.inputs, r)
             needed_across.update(r.inputs[k] for k in arg_pos)
+            barrier_inputs: tuple[int, ...] = ()
+            if _program.has_input_barrier(r):
+                inputs = set(r.inputs)
+                barrier_inputs = tuple(a for a in r.inputs if a in records)
+                for e in r.eqns:
+                    if any(a in inputs for a in e.ins if isinstance(a, int)):
+                        for vid in facts.made[e]:
+                            records[vid]["replays_barrier"] = True
             work = _work_bytes(r.eqns, r.inputs, set(r.outputs), program.value_bytes, free)
             cotangents = _cotangent_bytes(r.eqns, set(r.outputs), cotangent_size,
                                           differentiable)
             region_infos.append(Region(r.index, "segment", 1, work,
-                                       cotangents + in_flight[r.index], grad_bytes[r.index]))
+                                       cotangents + in_flight[r.index], grad_bytes[r.index],
+                                       barrier_inputs))
             continue
         (scan,) = r.eqns
         body, length = scan.scan_body, scan.params["length"]

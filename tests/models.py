@@ -93,8 +93,27 @@ def cnn() -> tuple[Any, tuple]:
     return loss, (params, images)
 
 
+def norm_mlp() -> tuple[Any, tuple]:
+    """An 8-layer MLP normalizing each layer's pre-activations by their per-feature mean
+    and mean square (a group norm's statistics)."""
+    keys = jax.random.split(jax.random.key(6), 9)
+    params = [jax.random.normal(k, (48, 48)) / 7 for k in keys[:8]]
+    x = jax.random.normal(keys[8], (256, 48))
+
+    def loss(params: list, x: jax.Array) -> jax.Array:
+        for w in params:
+            h = x @ w
+            total, square = jnp.sum(h, axis=0), jnp.sum(h * h, axis=0)
+            mean = total / h.shape[0]
+            x = jnp.tanh((h - mean) * jax.lax.rsqrt(square / h.shape[0] - mean * mean + 1e-5))
+        return jnp.mean(x ** 2)
+
+    return loss, (params, x)
+
+
 MODELS = {
     "mlp": mlp,
+    "norm_mlp": norm_mlp,
     "transformer_block": transformer_block,
     "gpt2_unrolled": lambda: gpt2_tiny(False),
     "gpt2_scanned": lambda: gpt2_tiny(True),

@@ -147,6 +147,17 @@ def test_closed_loop_plan_fits_on_the_compiler(fraction):
 
 
 @needs_libtpu
+def test_refined_plan_fits_and_recomputes_no_more_than_the_first_that_fit():
+    loss, args = _bf16_tiny_gpt2()
+    high = _measure.measure_step(loss, *args).peak_bytes
+    first = autoremat.plan(loss, *args, budget=high - 1, verify="tpu-v5e")
+    refined = autoremat.plan(loss, *args, budget=high - 1, verify="tpu-v5e", refine_rounds=2)
+    assert refined.verified_peak_bytes == _measure.measure_step(refined.apply(loss),
+                                                                *args).peak_bytes < high
+    assert refined.recompute_flops <= first.recompute_flops
+
+
+@needs_libtpu
 @pytest.mark.slow  # several compiles; the closed loop's main path runs by default above
 def test_closed_loop_below_the_real_floor_names_the_real_floor():
     loss, args = _bf16_tiny_gpt2()

@@ -97,6 +97,22 @@ def _eqns(jaxpr: jex.Jaxpr) -> list[jex.JaxprEqn]:
     return out
 
 
+@pytest.mark.parametrize("budget", [0.8, 0.95])
+def test_recomputing_behind_a_barrier_keeps_every_input_of_the_segment(budget):
+    # Recomputing a value that reads a segment's input replays the segment's input barrier,
+    # and JAX then keeps all of the barrier's operands, here a normalization statistic
+    # whose own consumer is saved. At these budgets the plan saves such an input.
+    loss, args = MODELS["norm_mlp"]()
+    plan = autoremat.plan(loss, *args, budget=budget)
+    values = {v.id: v for v in plan.graph.values}
+    kept_by_barrier = [
+        i for r in plan.graph.regions for i in r.barrier_inputs
+        if i in plan.saved and not values[i].needed_across
+        and not any(i in values[u].inputs for u in plan.recomputed)]
+    assert kept_by_barrier
+    assert plan.saved_bytes == _actual_saved_bytes(plan.apply(loss), args)
+
+
 def test_each_segment_hands_out_its_input_cotangents_at_once():
     # JAX transposes an optimization barrier over a region's inputs into one over their
     # cotangents, so the region's whole backward (weight gradients included) runs before

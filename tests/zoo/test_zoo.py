@@ -147,14 +147,7 @@ def test_layer_policies_keep_loss_and_gradients(name):
         _assert_trees_close(tiny.grads, grads)
 
 
-# Known defect: a segment's input barrier (autoremat._program.region_fn) makes JAX keep a
-# region input the backward does not otherwise read, here a 32-byte group-norm statistic
-# (444772 bytes saved vs 444740 planned); the memory model does not count it yet.
-_BARRIER_RESIDUAL = pytest.mark.xfail(strict=True, reason="segment barrier keeps an unplanned input")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_BARRIER_RESIDUAL) if n == "unet-tiny"
-                                  else n for n in TINY])
+@pytest.mark.parametrize("name", TINY)
 def test_plan_at_half_the_activations_keeps_gradients(name):
     tiny = _tiny(name)
     loss = tiny.model.make_loss()
