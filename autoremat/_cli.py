@@ -199,19 +199,25 @@ def _flops(n: float) -> str:
 
 def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float,
                      rows: int, show_progress: bool | None, verify: str | None = None,
-                     layout: Layout = "dense") -> autoremat.Plan:
+                     layout: Layout = "dense", refine_rounds: int = 0) -> autoremat.Plan:
     """Plans with a progress display, prints the report, and returns the plan."""
     start = time.perf_counter()
     with _progress(f"planning (time limit {time_limit:g} s)",
                    show=show_progress) as progress:
         try:
             plan = autoremat.plan(fn, *args, budget=budget, time_limit_s=time_limit,
-                                  progress=progress, verify=verify, layout=layout)
+                                  progress=progress, verify=verify,
+                                  refine_rounds=refine_rounds, layout=layout)
         except _PLAN_ERRORS as e:
             raise click.ClickException(str(e)) from None
     click.echo(plan.report(max_rows=rows))
     click.echo(f"\nplanned in {time.perf_counter() - start:.1f} s (trace, solve and checks)")
     return plan
+
+
+_REFINE_ROUNDS = click.option(
+    "--refine-rounds", type=click.IntRange(min=0), default=0, show_default=True,
+    help="With the closed loop, compiles it may spend on cheaper plans once one fits.")
 
 
 @click.group()
@@ -242,12 +248,13 @@ def main() -> None:
               help="Closed loop: compile the planned step for TARGET "
                    f"({', '.join(sorted(autoremat.TARGETS))}) and re-plan until the "
                    "compiler's peak fits the budget.")
+@_REFINE_ROUNDS
 @click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
               help=_LAYOUT_HELP)
 def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
                  budget: float, out: pathlib.Path, maxtext: pathlib.Path | None,
                  time_limit: float, rows: int, show_progress: bool | None,
-                 verify: str | None, layout: Layout) -> None:
+                 verify: str | None, refine_rounds: int, layout: Layout) -> None:
     """Plan remat for a function under a budget, write the policy file, print the report.
 
     FUNCTION is MODULE:NAME, imported with the working directory on the module path. With
@@ -293,7 +300,8 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
             raise click.BadParameter(f"without --args it must return (loss, args), args a "
                                      f"tuple; {problem}.", param_hint="'[FUNCTION]'")
         fn, args = made
-    plan = _plan_and_report(fn, args, budget, time_limit, rows, show_progress, verify, layout)
+    plan = _plan_and_report(fn, args, budget, time_limit, rows, show_progress, verify, layout,
+                            refine_rounds)
     try:
         plan.save(out)
     except OSError as e:
@@ -371,8 +379,7 @@ def demo(budget: float, scan: bool, time_limit: float, rows: int,
               help="Planning time limit per plan (per closed-loop round), in seconds.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Plan with the closed loop on the target's compiler.")
-@click.option("--refine-rounds", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Compiles the closed loop may spend on cheaper plans once one fits.")
+@_REFINE_ROUNDS
 @click.option("--out", type=click.Path(file_okay=False, path_type=pathlib.Path),
               default=pathlib.Path("bench/results"), show_default=True,
               help="Directory for MODEL.md, MODEL.json and MODEL.png.")

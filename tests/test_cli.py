@@ -140,7 +140,8 @@ def test_plan_in_the_tpu_layout(tmp_path):
                     reason="the TPU compiler is an optional extra: pip install -e '.[tpu]'")
 def test_plan_verified_on_the_tpu_compiler(tmp_path):
     result = _run("plan", "--model", "mlp-tiny", "--budget", "1MiB", "--verify", "tpu-v5e",
-                  "--out", "mlp.json", "--rows", "0", cwd=tmp_path, timeout=300)
+                  "--refine-rounds", "1", "--out", "mlp.json", "--rows", "0", cwd=tmp_path,
+                  timeout=300)
     assert result.returncode == 0, result.stderr
     assert "compiler peak" in result.stdout and "tpu-v5e" in result.stdout
     file = autoremat.PolicyFile.read(tmp_path / "mlp.json")
