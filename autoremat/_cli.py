@@ -199,7 +199,8 @@ def _flops(n: float) -> str:
 
 def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float,
                      rows: int, show_progress: bool | None, verify: str | None = None,
-                     layout: Layout = "dense", refine_rounds: int = 0) -> autoremat.Plan:
+                     layout: Layout = "dense", refine_rounds: int = 0,
+                     nested_scans: bool = False) -> autoremat.Plan:
     """Plans with a progress display, prints the report, and returns the plan."""
     start = time.perf_counter()
     with _progress(f"planning (time limit {time_limit:g} s)",
@@ -207,7 +208,8 @@ def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float
         try:
             plan = autoremat.plan(fn, *args, budget=budget, time_limit_s=time_limit,
                                   progress=progress, verify=verify,
-                                  refine_rounds=refine_rounds, layout=layout)
+                                  refine_rounds=refine_rounds, layout=layout,
+                                  nested_scans=nested_scans)
         except _PLAN_ERRORS as e:
             raise click.ClickException(str(e)) from None
     click.echo(plan.report(max_rows=rows))
@@ -251,10 +253,14 @@ def main() -> None:
 @_REFINE_ROUNDS
 @click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
               help=_LAYOUT_HELP)
+@click.option("--nested-scans", is_flag=True,
+              help="Also consider scans nested in groups of about sqrt(length) iterations "
+                   "(lower floors, one more forward pass of the loop).")
 def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
                  budget: float, out: pathlib.Path, maxtext: pathlib.Path | None,
                  time_limit: float, rows: int, show_progress: bool | None,
-                 verify: str | None, refine_rounds: int, layout: Layout) -> None:
+                 verify: str | None, refine_rounds: int, layout: Layout,
+                 nested_scans: bool) -> None:
     """Plan remat for a function under a budget, write the policy file, print the report.
 
     FUNCTION is MODULE:NAME, imported with the working directory on the module path. With
@@ -301,7 +307,7 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
                                      f"tuple; {problem}.", param_hint="'[FUNCTION]'")
         fn, args = made
     plan = _plan_and_report(fn, args, budget, time_limit, rows, show_progress, verify, layout,
-                            refine_rounds)
+                            refine_rounds, nested_scans)
     try:
         plan.save(out)
     except OSError as e:

@@ -37,6 +37,9 @@ class Value:
         optimization barrier (:func:`autoremat._program.has_input_barrier`): recomputing
         it replays the barrier, which keeps every input of the region (JAX has no rule to
         drop a barrier's unused operands; see :attr:`Region.barrier_inputs`).
+      replayed: it is made in the body of a nested scan (:attr:`Region.group` > 1), whose
+        backward runs each group's forward again: saved, it is held for its group's
+        backward alone, ``multiplicity`` instances of it.
     """
 
     id: int
@@ -55,6 +58,7 @@ class Value:
     needed_across: bool
     user_name: str | None = None
     replays_barrier: bool = False
+    replayed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +78,11 @@ class Region:
       barrier_inputs: the values of other regions that pass through the region's input
         barrier; each is kept for the region's backward if it recomputes a value that
         :attr:`Value.replays_barrier` (empty without a barrier).
+      group: for a nested scan, its iterations per outer checkpoint (1: not nested). Its
+        saved values are then made again in each group's backward, ``group`` instances
+        at a time, and held only there; each group's forward is recomputed once.
+      kept_bytes: bytes the region keeps from its forward to the end of its backward
+        whatever the plan (a nested scan's carry at the start of each group).
     """
 
     index: int
@@ -83,6 +92,8 @@ class Region:
     cotangent_bytes: int
     grad_bytes: int
     barrier_inputs: tuple[int, ...] = ()
+    group: int = 1
+    kept_bytes: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +117,8 @@ class Graph:
         scan is split into (``()`` for a scan left whole; see
         :func:`autoremat._program.split_scans`); equation indices are those of the split
         program.
+      scan_groups: and the iterations per nested checkpoint of each top-level scan (``()``
+        or 1: not nested; see :attr:`Region.group`).
     """
 
     values: tuple[Value, ...]
@@ -118,6 +131,7 @@ class Graph:
     scan_pieces: tuple[tuple[int, ...], ...] = ()
     largest_grad_bytes: int = 0
     layout: Layout = "dense"
+    scan_groups: tuple[int, ...] = ()
 
     def array(self, field: str, dtype: type = np.int64) -> np.ndarray:
         """One field of every value as a numpy array, in ``values`` order."""
@@ -132,19 +146,31 @@ class Graph:
         """Bytes in use at each region's backward stage whatever the plan: the arguments,
         the gradients made so far and the region's cotangents."""
         return np.array([self.arg_bytes + r.grad_bytes + r.cotangent_bytes
-                         for r in self.regions], dtype=np.int64)
+                         for r in self.regions], dtype=np.int64) + self.kept_bytes()
 
     def reserved_base_bytes(self) -> tuple[np.ndarray, np.ndarray]:
         """The backward and forward stages' bytes whatever the plan, with every gradient's
         buffer allocated for the whole step (see :mod:`autoremat._solve`)."""
         fixed = self.arg_bytes + self.grad_bytes
-        return (np.array([fixed + r.cotangent_bytes for r in self.regions], dtype=np.int64),
-                np.array([fixed + r.work_bytes for r in self.regions], dtype=np.int64))
+        kept = self.kept_bytes()
+        return (np.array([fixed + r.cotangent_bytes for r in self.regions], dtype=np.int64)
+                + kept,
+                np.array([fixed + r.work_bytes for r in self.regions], dtype=np.int64) + kept)
 
     def forward_base_bytes(self) -> np.ndarray:
         """Bytes in use at each region's forward stage whatever the plan: the arguments and
         the region's forward working set."""
-        return np.array([self.arg_bytes + r.work_bytes for r in self.regions], dtype=np.int64)
+        return (np.array([self.arg_bytes + r.work_bytes for r in self.regions], dtype=np.int64)
+                + self.kept_bytes())
+
+    def kept_bytes(self) -> np.ndarray:
+        """Bytes at each region's stages that regions up to it keep whatever the plan
+        (:attr:`Region.kept_bytes`)."""
+        return np.cumsum([r.kept_bytes for r in self.regions], dtype=np.int64)
+
+    def nested(self) -> np.ndarray:
+        """Which values the backward of a nested scan makes again (:attr:`Value.replayed`)."""
+        return self.array("replayed", bool)
 
     def iterations(self) -> np.ndarray:
         """How many times each value is computed per step (its region's length)."""

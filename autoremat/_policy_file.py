@@ -23,6 +23,8 @@ Format (version 1; :data:`SCHEMA` is the JSON Schema)::
      "program": {"fingerprint", "arg_bytes", "grad_bytes",
                  "cuts": [equation index, ...],
                  "scan_pieces": [[iterations, ...] per top-level scan] (optional),
+                 "scan_groups": [iterations per nested checkpoint, per top-level scan]
+                                (optional, none nested when absent),
                  "layout": "dense" or "tpu" (optional, "dense" when absent),
                  "regions": [{"kind", "length", "values"}, ...]},
      "offload": null or {"host_budget", "target", "overlap", "host_bandwidth",
@@ -108,6 +110,8 @@ SCHEMA: dict[str, Any] = {
             "scan_pieces": {"type": "array", "items": {"type": "array", "items": _POSITIVE}},
             # Absent in files from before layouts: dense.
             "layout": {"enum": list(LAYOUTS)},
+            # Absent in files from before nested scans: none nested.
+            "scan_groups": {"type": "array", "items": _POSITIVE},
         }),
         "offload": {"oneOf": [{"type": "null"}, _record({
             "host_budget": _POSITIVE,
@@ -260,6 +264,7 @@ class PolicyFile:
       cuts: the placement (``Plan.cuts``): the equations that start a region.
       scan_pieces: the rest of the placement (``Plan.scan_pieces``): how top-level scans
         are split.
+      scan_groups: and how they are nested (``Plan.scan_groups``).
       regions: the program's remat regions, in program order.
       decisions: every save, recompute and offload, in program order of their first value.
       offload: the offload configuration the plan was made with, or ``None``.
@@ -289,6 +294,7 @@ class PolicyFile:
     offload: OffloadConfig | None = None
     scan_pieces: tuple[tuple[int, ...], ...] = ()
     layout: Layout = "dense"
+    scan_groups: tuple[int, ...] = ()
 
     @property
     def num_values(self) -> int:
@@ -340,7 +346,7 @@ class PolicyFile:
             regions=tuple(RegionSummary(r.kind, r.length, int(n))
                           for r, n in zip(graph.regions, counts)),
             decisions=tuple(decisions), offload=plan.offload, scan_pieces=plan.scan_pieces,
-            layout=plan.layout)
+            layout=plan.layout, scan_groups=plan.scan_groups)
 
     def to_json(self) -> str:
         """The file's text: objects one member a line, each decision on a line of its own."""
@@ -474,6 +480,7 @@ class PolicyFile:
             "program": {"fingerprint": self.fingerprint, "arg_bytes": self.arg_bytes,
                         "grad_bytes": self.grad_bytes, "cuts": list(self.cuts),
                         "scan_pieces": [list(p) for p in self.scan_pieces],
+                        "scan_groups": list(self.scan_groups),
                         "layout": self.layout,
                         "regions": [dataclasses.asdict(r) for r in self.regions]},
             "offload": None if self.offload is None else {
@@ -497,6 +504,7 @@ class PolicyFile:
             fingerprint=program["fingerprint"], arg_bytes=program["arg_bytes"],
             grad_bytes=program["grad_bytes"], cuts=tuple(program["cuts"]),
             scan_pieces=tuple(tuple(p) for p in program.get("scan_pieces", ())),
+            scan_groups=tuple(program.get("scan_groups", ())),
             layout=program.get("layout", "dense"),
             regions=tuple(RegionSummary(**r) for r in program["regions"]),
             decisions=tuple(Decision(

@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import hashlib
 import itertools
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -92,6 +93,7 @@ class Segment:
     eqns: tuple[Eqn, ...]
     inputs: tuple[int, ...]  # ids read here but produced elsewhere (args, other regions)
     outputs: tuple[int, ...]  # ids produced here and read later or returned
+    group: int = 1  # a scan's iterations per nested checkpoint (see nest_group)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -217,6 +219,13 @@ def scan_pieces_of(program: Program) -> tuple[tuple[int, ...], ...]:
                  for e in program.eqns if e.scan_body is not None)
 
 
+def scan_groups_of(program: Program) -> tuple[int, ...]:
+    """How each top-level scan of ``program`` is nested when it is: a forward scan in
+    groups of :func:`nest_group` iterations; others not (1)."""
+    return tuple(1 if e.params["reverse"] else nest_group(e.params["length"])
+                 for e in program.eqns if e.scan_body is not None)
+
+
 def split_scans(program: Program, scan_pieces: Sequence[tuple[int, ...]],
                 avals: Sequence[Any]) -> Program:
     """``program`` with its ``k``-th top-level scan run as consecutive scans of
@@ -312,11 +321,13 @@ def _flatten_shard_body(eqn: Any, fresh: Callable, walk: Callable) -> ShardBody:
     return ShardBody(ins=tuple(ids), eqns=tuple(body_eqns), outs=tuple(outs))
 
 
-def split_regions(program: Program, cuts: Sequence[int]) -> tuple[Segment, ...]:
+def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[int] = ()
+                  ) -> tuple[Segment, ...]:
     """Splits the top-level equations into regions.
 
     ``cuts`` are equation indices where a new segment starts; every top-level scan is a
-    region of its own whatever the cuts.
+    region of its own whatever the cuts. ``scan_groups``: per top-level scan, its
+    iterations per nested checkpoint (1 or absent: not nested; see :func:`nest_group`).
     """
     groups: list[tuple[str, list[Eqn]]] = []
     cut_set = set(cuts)
@@ -336,14 +347,24 @@ def split_regions(program: Program, cuts: Sequence[int]) -> tuple[Segment, ...]:
             later.update(a for a in eqn.ins if isinstance(a, int))
 
     regions = []
+    nests = iter(scan_groups)
     for g, (kind, eqns) in enumerate(groups):
         produced = [o for e in eqns for o in e.outs]
         produced_set = set(produced)
         inputs = dict.fromkeys(a for e in eqns for a in e.ins
                                if isinstance(a, int) and a not in produced_set)
         outputs = tuple(o for o in produced if o in used_after[g])
-        regions.append(Segment(g, kind, tuple(eqns), tuple(inputs), outputs))
+        group = next(nests, 1) if kind == "scan" else 1
+        regions.append(Segment(g, kind, tuple(eqns), tuple(inputs), outputs, group))
     return tuple(regions)
+
+
+def nest_group(length: int) -> int:
+    """Iterations per nested checkpoint for a loop of ``length`` (Chen et al. 2016,
+    https://arxiv.org/abs/1604.06174): the divisor of ``length`` nearest its square root
+    (the smaller on a tie), 1 when it has none between 2 and ``length / 2``."""
+    divisors = [k for k in range(2, length // 2 + 1) if length % k == 0]
+    return min(divisors, key=lambda k: (abs(k - math.sqrt(length)), k), default=1)
 
 
 def _bind(eqn: Eqn, invals: Sequence[Any]) -> list[Any]:
@@ -388,11 +409,11 @@ def _read(a: Atom, env: Mapping[int, Any], consts: Mapping[int, Any]) -> Any:
 
 
 def _run_eqns(eqns: Sequence[Eqn], env: dict[int, Any], consts: Mapping[int, Any],
-              named: frozenset[int], scan_policy: Callable | None) -> None:
+              named: frozenset[int], scan_policy: Callable | None, group: int = 1) -> None:
     for eqn in eqns:
         invals = [_read(a, env, consts) for a in eqn.ins]
         if eqn.scan_body is not None:
-            outs = _run_scan(eqn, invals, consts, named, scan_policy)
+            outs = _run_scan(eqn, invals, consts, named, scan_policy, group)
         elif eqn.shard_body is not None:
             outs = _run_shard_map(eqn, invals, consts, named)
         else:
@@ -424,16 +445,47 @@ def scan_operands(eqn: Eqn, operands: Sequence[Any]) -> tuple[list, list, list]:
 
 
 def _run_scan(eqn: Eqn, invals: list, consts: Mapping[int, Any], named: frozenset[int],
-              policy: Callable | None) -> list:
+              policy: Callable | None, group: int = 1) -> list:
     p = eqn.params
     const_vals, init, xs = scan_operands(eqn, invals)
     fn = scan_body_fn(eqn.scan_body, consts, named)
     step = lambda carry, x: fn(const_vals, carry, x)
+    if group > 1:
+        carry, ys = _nested_scan(step, policy, init, xs, p["length"], group)
+        return [*carry, *ys]
     if policy is not None:  # XLA inlines a one-iteration loop, then merges what is not kept
         step = jax.checkpoint(step, policy=policy, prevent_cse=p["length"] == 1)
     carry, ys = jax.lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"],
                              unroll=p["unroll"])
     return [*carry, *ys]
+
+
+def _nested_scan(step: Callable, policy: Callable | None, init: list, xs: list, length: int,
+                 group: int) -> tuple[list, list]:
+    """A forward scan of ``step`` as a scan over groups of ``group`` iterations, each group
+    a ``jax.checkpoint`` that keeps only its carry: the backward runs a group's iterations
+    again (each in a checkpoint under ``policy``, which then saves for that group alone)
+    before their backward. A group's iterations are unrolled and read their slice of
+    ``xs`` by index: an inner loop would sum the gradient of ``xs`` in a buffer of its own
+    beside the outer loop's, and a reshape of a stacked input would be a residual."""
+    if policy is not None:
+        step = jax.checkpoint(step, policy=policy)
+
+    def run_group(carry: list, g: jax.Array) -> tuple[list, list]:
+        ys = []
+        for j in range(group):
+            i = g * group + j
+            carry, y = step(carry, [jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
+                                    for x in xs])
+            ys.append(y)
+        return carry, [jax.lax.concatenate([y[None] for y in column], 0)
+                       for column in zip(*ys, strict=True)] if ys[0] else []
+
+    nested = jax.checkpoint(run_group, policy=jax.checkpoint_policies.nothing_saveable,
+                            prevent_cse=False)
+    # Iteration numbers as constants: an iota made in the step would be a residual.
+    carry, ys = jax.lax.scan(nested, init, np.arange(length // group, dtype=np.int32))
+    return carry, [y.reshape(length, *y.shape[2:]) for y in ys]
 
 
 def _run_shard_map(eqn: Eqn, invals: list, consts: Mapping[int, Any],
@@ -465,12 +517,13 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
 
     A segment is wrapped in ``jax.checkpoint(policy=policy)``, its inputs behind one
     optimization barrier (none where it holds a ``shard_map``); a scan gets the checkpoint
-    on its body (one region per iteration). With ``policy=None`` nothing is wrapped.
+    on its body (one region per iteration), nested in one per group of iterations where
+    ``region.group > 1``. With ``policy=None`` nothing is wrapped.
     """
 
     def fn(*inputs: Any) -> list:
         env = dict(zip(region.inputs, inputs))
-        _run_eqns(region.eqns, env, program.consts, named, policy)
+        _run_eqns(region.eqns, env, program.consts, named, policy, region.group)
         return [env[o] for o in region.outputs]
 
     if policy is None or region.kind == "scan":

@@ -26,6 +26,14 @@ Recomputing a value that reads the barrier's outputs replays the barrier, and JA
 of its operands: such a value is given every input of its segment as an input, so those
 from other regions are saved.
 
+Nested scans (a placement, :attr:`autoremat._graph.Region.group`): a scan run as groups of
+``k`` iterations, each group in a checkpoint of its own that keeps only its carry (Chen et
+al. 2016, https://arxiv.org/abs/1604.06174). The carries at the group starts are held from
+the scan's forward to the end of its backward whatever the plan; the body's saved values
+are made again in each group's backward and held there alone, ``k`` instances at a time
+(``backward_held``); every plan recomputes the body's forward once more
+(:func:`replay_cost`), and the values it recomputes besides, again.
+
 Gradient buffers (measured on TPU v5e): the compiler allocates the step's outputs, the
 gradients, apart from its temporaries, for the whole step; a temporary shares an output's
 buffer only if it fits in it and is dead before the output is written. So each stage
@@ -94,7 +102,9 @@ def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.Po
     edges = np.array([(index[u], k) for k, v in enumerate(graph.values)
                       for u in dict.fromkeys((*v.inputs, *barrier[k]))],
                      dtype=np.int64).reshape(-1, 2)
-    held = graph.array("multiplicity") * graph.array("nbytes")
+    nested = graph.nested()
+    made = graph.array("multiplicity") * graph.array("nbytes")
+    held = np.where(nested, 0, made)
     in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     reserved_base, reserved_forward_base = graph.reserved_base_bytes()
     return policy_model.PolicyProblem(
@@ -117,8 +127,15 @@ def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.Po
         # one only if it fits in it.
         reserved_base=reserved_base,
         reserved_forward_base=reserved_forward_base,
-        unshared=held > graph.largest_grad_bytes if graph.grad_bytes else None,
+        unshared=made > graph.largest_grad_bytes if graph.grad_bytes else None,
+        backward_held=np.where(nested, made, 0) if nested.any() else None,
     )
+
+
+def replay_cost(graph: Graph, problem: policy_model.PolicyProblem) -> float:
+    """What every plan on ``graph`` recomputes whatever it decides, in ``problem``'s cost
+    units: the forward pass of its nested scans, run again group by group."""
+    return float(problem.cost[graph.nested()].sum())
 
 
 def decisions(graph: Graph, problem: policy_model.PolicyProblem,
@@ -131,8 +148,9 @@ def decisions(graph: Graph, problem: policy_model.PolicyProblem,
         saved=frozenset(int(i) for i in ids[result.save]),
         recomputed=frozenset(int(i) for i in ids[result.recompute]),
         peak_bytes=result.peak,
-        saved_bytes=int(problem.held[result.save].sum()),
-        recompute_flops=int(flops[result.recompute].sum()),
+        saved_bytes=int(problem.held[result.save].sum()) + sum(r.kept_bytes
+                                                               for r in graph.regions),
+        recompute_flops=int(flops[result.recompute].sum() + flops[graph.nested()].sum()),
         status=result.status.value,
         gap=result.gap,
         solve_seconds=result.wall_s,

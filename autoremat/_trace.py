@@ -433,7 +433,8 @@ def split_program(program: Program, avals: Sequence[jax.ShapeDtypeStruct],
 
 def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
           cuts: Sequence[int] | None = None, scan_pieces: Sequence[tuple[int, ...]] = (),
-          layout: Layout = "dense") -> tuple[Program, tuple[Segment, ...], Graph]:
+          layout: Layout = "dense", scan_groups: Sequence[int] = ()
+          ) -> tuple[Program, tuple[Segment, ...], Graph]:
     """Traces ``flat_fn`` (flat array arguments to a flat list of outputs).
 
     Args:
@@ -442,12 +443,14 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
       cuts: the placement (see :func:`placements`); :func:`segment_cuts` when None.
       scan_pieces: how top-level scans are split (see :func:`trace_program`).
       layout: how values are sized (see :mod:`autoremat._layout`).
+      scan_groups: how top-level scans are nested (see :func:`graph_of`).
 
     Returns:
       The flattened program, its regions, and the value graph.
     """
     program = trace_program(flat_fn, avals, scan_pieces, layout)
-    return (program, *graph_of(program, segment_cuts(program) if cuts is None else cuts))
+    return (program, *graph_of(program, segment_cuts(program) if cuts is None else cuts,
+                               scan_groups=scan_groups))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -571,15 +574,17 @@ def _value_fields(program: Program, free: frozenset[int]
     return fields, made
 
 
-def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None = None
-             ) -> tuple[tuple[Segment, ...], Graph]:
-    """The regions and value graph of ``program`` cut at ``cuts``.
+def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None = None,
+             scan_groups: Sequence[int] = ()) -> tuple[tuple[Segment, ...], Graph]:
+    """The regions and value graph of ``program`` cut at ``cuts``, its top-level scans
+    nested in groups of ``scan_groups`` iterations (see
+    :func:`autoremat._program.split_regions`).
 
     ``facts``: ``program_facts(program)``, shared by the graphs of several placements of
     ``program`` so that what does not depend on the placement is worked out once.
     """
     facts = program_facts(program) if facts is None else facts
-    regions = _program.split_regions(program, cuts)
+    regions = _program.split_regions(program, cuts, scan_groups)
     free, differentiable = facts.free, facts.differentiable
     readers: dict[int, set[int]] = {}
     for r in regions:
@@ -666,9 +671,22 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         accumulators = sum(program.value_bytes(c) * sum(k > r.index for k in readers[c])
                            for c in dict.fromkeys(outer_consts)
                            if isinstance(c, int) and c in differentiable)
+        kept = 0
+        if r.group > 1:
+            # A group's checkpoint keeps its carry and its group number (int32); what
+            # the body saves is made again in the group's backward, for its iterations.
+            _, init, _ = _program.scan_operands(scan, scan.ins)
+            kept = length // r.group * (4 + sum(program.value_bytes(c) for c in init
+                                                if isinstance(c, int)))
+            outs = set(scan.outs)
+            for vid in facts.made[scan]:
+                if vid not in outs:
+                    records[vid]["replayed"] = True
+                    if records[vid]["multiplicity"] == length:
+                        records[vid]["multiplicity"] = r.group
         region_infos.append(Region(r.index, "scan", length, work,
                                    cotangents + accumulators + in_flight[r.index],
-                                   grad_bytes[r.index]))
+                                   grad_bytes[r.index], group=r.group, kept_bytes=kept))
 
     # An xs slice is a view of the scan's input: reading it holds the whole input.
     for rec in records.values():
@@ -687,6 +705,7 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         layout=program.layout,
         cuts=tuple(cuts),
         scan_pieces=program.scan_pieces,
+        scan_groups=tuple(scan_groups),
         largest_grad_bytes=max((program.value_bytes(a) for a in program.args
                                 if _is_float(program.avals[a])), default=0),
     )

@@ -7,6 +7,8 @@ GPT-2-small scanned (peak bytes and FLOPs of the training step, TPU v5e, ahead o
   over groups of ``k``, each group in a ``jax.checkpoint`` that keeps only its input, the
   layers inside under ``nothing_saveable``. The backward recomputes a group's forward, then
   each of its layers again: ``12 / k + k`` layer inputs are kept instead of 12.
+* **autoremat's floor plans** (``budget="floor"``): one checkpoint per layer, and with
+  ``nested_scans=True`` (groups of 3, the plan's decisions inside each layer).
 * **Mixing two policies across layers**: two scans of 6 layers each, one under each
   policy (the straight line between two built-in points in ``bench/results`` assumes a
   user can do this at no cost). Each scan's backward sums the stacked weights' gradient
@@ -27,6 +29,7 @@ from typing import Any
 
 import jax
 
+import autoremat
 from autoremat import _benchmark, _measure, zoo
 from autoremat._budget import format_bytes
 from autoremat.zoo import _layers, gpt2
@@ -86,7 +89,12 @@ def main() -> None:
     model = zoo.get("gpt2-small-scan")
     args = (model.param_shapes(), model.batch_shapes())
     save_out_proj = zoo.preset_policy("save_out_proj", model)
+    loss = model.make_loss()
+    floors = {nested: autoremat.plan(loss, *args, budget="floor", nested_scans=nested)
+              for nested in (False, True)}
     variants = {
+        "autoremat floor plan": floors[False].apply(loss),
+        "autoremat floor plan, nested_scans=True (groups of 3)": floors[True].apply(loss),
         "per layer: nothing_saveable (built-in)": model.make_loss(NOTHING),
         "per layer: save_out_proj (MaxText preset)": model.make_loss(save_out_proj),
         "nested, groups of 3 (4 + 3 layer inputs kept)": nested(3),

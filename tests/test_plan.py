@@ -312,14 +312,19 @@ def _scanned_residual_mlp(ws: jax.Array, x: jax.Array) -> jax.Array:
     return jnp.sum(jax.lax.scan(layer, x, ws)[0] ** 2)
 
 
+def _scanned_residual_mlp_program(layers: int) -> tuple[tuple, _program.Program]:
+    """Arguments of ``_scanned_residual_mlp`` with ``layers`` layers, and its program."""
+    args = (jax.random.normal(jax.random.key(0), (layers, 2, 32, 32)) / 8,
+            jax.random.normal(jax.random.key(1), (256, 32)))
+    flat_fn, _, avals, _ = _rewrite.flat_function(_scanned_residual_mlp, args, {})
+    return args, _trace.trace_program(flat_fn, avals)
+
+
 def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
     # Activations much larger than weights: splitting costs little (see test_trace's
     # gradient accumulator test) and lets layers differ.
     loss = _scanned_residual_mlp
-    args = (jax.random.normal(jax.random.key(0), (6, 2, 32, 32)) / 8,
-            jax.random.normal(jax.random.key(1), (256, 32)))
-    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
-    program = _trace.trace_program(flat_fn, avals)
+    args, program = _scanned_residual_mlp_program(6)
     assert _program.scan_pieces_of(program) == ((1, 2, 3),)
     whole = [_solve.to_problem(_trace.graph_of(program, cuts)[1])
              for cuts in _trace.placements(program)]
@@ -352,3 +357,41 @@ def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
     assert (loaded.scan_pieces, loaded.cuts, loaded.saved) == (
         chosen.scan_pieces, chosen.cuts, chosen.saved)
     assert "scans split into  1+2+3 iterations" in chosen.report()
+
+
+@pytest.mark.parametrize("length, group", [(1, 1), (3, 1), (4, 2), (7, 1), (9, 3), (12, 3),
+                                           (16, 4), (80, 8)])
+def test_nest_group_is_the_divisor_nearest_the_square_root(length, group):
+    assert _program.nest_group(length) == group
+
+
+def test_nested_scan_lowers_the_floor_and_applies_as_planned(tmp_path):
+    # Nine layers in groups of three keep 3 carries across the step and 3 in a group's
+    # backward, instead of 9 (Chen et al. 2016).
+    loss = _scanned_residual_mlp
+    args, program = _scanned_residual_mlp_program(9)
+    assert _program.scan_groups_of(program) == (3,)
+    not_nested = min(policy_model.solve_min_peak(_solve.to_problem(
+        _trace.graph_of(program, cuts)[1])).peak for cuts in _trace.placements(program))
+    assert autoremat.plan(loss, *args, budget="floor").scan_groups == ()
+    lowest = autoremat.plan(loss, *args, budget="floor", nested_scans=True)
+    assert lowest.scan_groups == (3,) and lowest.peak_bytes < not_nested
+    # Every plan on it runs the layers' forward once more.
+    assert lowest.recompute_flops >= _step_forward_flops(loss, args)
+    optimized = lowest.apply(loss)
+    for g0, g1 in zip(_grads(loss, args), _grads(optimized, args), strict=True):
+        _assert_close(g0, g1)
+    assert lowest.saved_bytes == _actual_saved_bytes(optimized, args)
+    lowest.save(tmp_path / "plan.json")
+    loaded = autoremat.load_plan(tmp_path / "plan.json", loss, *args)
+    assert (loaded.scan_groups, loaded.saved, loaded.peak_bytes) == (
+        lowest.scan_groups, lowest.saved, lowest.peak_bytes)
+    assert "scans nested in   groups of 3 iterations" in lowest.report()
+    # With room to save every layer's activations, nesting only costs: not chosen.
+    assert autoremat.plan(loss, *args, budget=1.0, nested_scans=True).scan_groups == ()
+
+
+def _step_forward_flops(loss, args) -> int:
+    """FLOPs of the scan's matmuls in the forward pass."""
+    ws, x = args
+    return 2 * ws.shape[0] * 2 * x.shape[0] * x.shape[1] * ws.shape[-1]

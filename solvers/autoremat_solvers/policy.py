@@ -6,7 +6,7 @@ solved, checked and compared without JAX. Values belong to *regions* (one
 in reverse; at region ``i``'s backward and forward stages the memory in use is::
 
     base[i] + sum(held[v] * save[v] for v in regions <= i)
-            + sum(transient[v] * recompute[v] for v in region i)
+            + sum(transient[v] * recompute[v] + backward_held[v] * save[v] for v in region i)
     forward_base[i] + sum(held[v] * save[v] for v in regions < i)
                     + sum(forward_held[v] * save[v] for v in region i)
 
@@ -72,6 +72,9 @@ class PolicyProblem:
       forward_base: bytes in use at each region's forward stage whatever the plan.
       forward_held: bytes a saved value adds to its own region's forward stage (beyond
         what ``forward_base`` already counts).
+      backward_held: bytes a saved value adds to its own region's backward stage alone (a
+        value saved in a nested region, made again when its region's backward starts);
+        ``None`` (the default): none.
       must_cover, must_save, can_save, can_recompute: boolean masks.
       edges: ``(E, 2)`` array of ``(input, consumer)`` value indices.
       can_offload: boolean mask of the values that may be offloaded to host memory;
@@ -107,6 +110,7 @@ class PolicyProblem:
     reserved_base: np.ndarray | None = None
     reserved_forward_base: np.ndarray | None = None
     unshared: np.ndarray | None = None
+    backward_held: np.ndarray | None = None
 
     @property
     def num_values(self) -> int:
@@ -148,31 +152,39 @@ def stage_bytes(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
                 offload: np.ndarray | None = None) -> np.ndarray:
     """Bytes in use at each region's backward stage, then at each forward stage, in exact
     integer arithmetic."""
-    R = problem.num_regions
-    trans = np.zeros(R, dtype=object)
-    for v in np.flatnonzero(recompute):
-        trans[problem.region[v]] += int(problem.transient[v])
-    held, own = _held_by_region(problem, save.astype(bool))
-    for v in np.flatnonzero(_no_offload(problem, offload)):
-        trans[problem.region[v]] += int(problem.offload_backward[v])
-        own[problem.region[v]] += int(problem.offload_forward[v])
-    stages = _stages(problem.base, problem.forward_base, held, own, trans)
+    trans = _by_region(problem, recompute.astype(bool), problem.transient)
+    offloaded = _no_offload(problem, offload)
+    trans += _by_region(problem, offloaded, problem.offload_backward)
+    saved = save.astype(bool)
+    held, own = _held_by_region(problem, saved)
+    own += _by_region(problem, offloaded, problem.offload_forward)
+    stages = _stages(problem.base, problem.forward_base, held, own,
+                     trans + _by_region(problem, saved, problem.backward_held))
     if problem.unshared is None:
         return stages
-    rheld, rown = _held_by_region(problem, save.astype(bool) & problem.unshared)
+    saved &= problem.unshared
+    rheld, rown = _held_by_region(problem, saved)
     return np.maximum(stages, _stages(problem.reserved_base, problem.reserved_forward_base,
-                                      rheld, rown, trans))
+                                      rheld, rown,
+                                      trans + _by_region(problem, saved, problem.backward_held)))
+
+
+def _by_region(problem: PolicyProblem, mask: np.ndarray, nbytes: np.ndarray | None
+               ) -> np.ndarray:
+    """Per region, the total of ``nbytes`` over the values in ``mask`` (exact Python
+    integers; zeros where ``nbytes`` is ``None``)."""
+    total = np.zeros(problem.num_regions, dtype=object)
+    if nbytes is not None:
+        for v in np.flatnonzero(mask):
+            total[problem.region[v]] += int(nbytes[v])
+    return total
 
 
 def _held_by_region(problem: PolicyProblem, saved: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per region, the bytes the ``saved`` values hold to the end of its backward, and
     those they hold at its forward stage (exact Python integers)."""
-    held = np.zeros(problem.num_regions, dtype=object)
-    own = np.zeros(problem.num_regions, dtype=object)
-    for v in np.flatnonzero(saved):
-        held[problem.region[v]] += int(problem.held[v])
-        own[problem.region[v]] += int(problem.forward_held[v])
-    return held, own
+    return (_by_region(problem, saved, problem.held),
+            _by_region(problem, saved, problem.forward_held))
 
 
 def _stages(base: np.ndarray, forward_base: np.ndarray, held: np.ndarray, own: np.ndarray,
@@ -265,7 +277,9 @@ def prune_offload(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarra
 
 
 def _memory_unit(problem: PolicyProblem) -> float:
-    return float(max(1, problem.held.max(initial=1), problem.transient.max(initial=1)))
+    backward = problem.backward_held if problem.backward_held is not None else problem.held
+    return float(max(1, problem.held.max(initial=1), problem.transient.max(initial=1),
+                     backward.max(initial=1)))
 
 
 def _cost_unit(problem: PolicyProblem) -> float:
@@ -328,7 +342,7 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     m += R
 
     stages = [
-        (problem.base, np.tril_indices(R), problem.held, problem.transient,
+        (problem.base, np.tril_indices(R), problem.backward_held, problem.transient,
          problem.offload_backward, H),
         (problem.forward_base, np.tril_indices(R, -1), problem.forward_held, None,
          problem.offload_forward, H),
@@ -340,16 +354,16 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
         lo.append(np.zeros(R)), hi.append(np.zeros(R))
         m += R
         stages += [
-            (problem.reserved_base, np.tril_indices(R), None, problem.transient,
-             problem.offload_backward, HR),
+            (problem.reserved_base, np.tril_indices(R),
+             None if problem.backward_held is None else problem.backward_held * unshared,
+             problem.transient, problem.offload_backward, HR),
             (problem.reserved_forward_base, np.tril_indices(R, -1),
              problem.forward_held * unshared, None, problem.offload_forward, HR),
         ]
     for stage_base, (tri_r, tri_c), own, transient, offloaded, held_at in stages:
         add_rows(m + tri_r, held_at + tri_c, np.ones(len(tri_r)))
-        own_held = own.astype(float) if own is not None and own is not problem.held else None
-        if own_held is not None:
-            add_rows(m + problem.region, S + vals_idx, own_held / unit)
+        if own is not None:
+            add_rows(m + problem.region, S + vals_idx, own.astype(float) / unit)
         if transient is not None:
             add_rows(m + problem.region, Rv + vals_idx, transient / unit)
         if offloading:
