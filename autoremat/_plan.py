@@ -469,11 +469,11 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         https://arxiv.org/abs/1604.06174; ``Plan.scan_groups``). It lowers the floor
         below one checkpoint per iteration at the cost of one more forward pass of the
         loop, so it is chosen only where every plan without it recomputes more (below
-        the floor of one checkpoint per iteration, in practice). Off by default: the
-        memory model is within 4% of the TPU v5e compiler on GPT-2-small scanned's nested
-        floor (1347 MiB, below ``nothing_saveable``'s 1419) but 10% low on the
-        Llama-style model's (the compiler overlaps the recomputation of consecutive
-        layers of a group); use it with ``verify``.
+        the floor of one checkpoint per iteration, in practice). Off by default: on the
+        TPU v5e compiler it lowers GPT-2-small scanned's floor to 1327 MiB (from 1419,
+        ``nothing_saveable``'s too; the model says 1395) but not the Llama-style
+        model's (1611 MiB against 1569 without; the model says 1549, and over-predicts
+        the floor without nesting); use it with ``verify``.
 
     Returns:
       A :class:`Plan`.

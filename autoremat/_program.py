@@ -465,21 +465,18 @@ def _nested_scan(step: Callable, policy: Callable | None, init: list, xs: list, 
     """A forward scan of ``step`` as a scan over groups of ``group`` iterations, each group
     a ``jax.checkpoint`` that keeps only its carry: the backward runs a group's iterations
     again (each in a checkpoint under ``policy``, which then saves for that group alone)
-    before their backward. A group's iterations are unrolled and read their slice of
-    ``xs`` by index: an inner loop would sum the gradient of ``xs`` in a buffer of its own
-    beside the outer loop's, and a reshape of a stacked input would be a residual."""
+    before their backward. A group loops over its slice of ``xs``, cut inside the group's
+    checkpoint. Measured on the zoo's Llama-style model's nested floor plan (TPU v5e):
+    1611 MiB; an inner loop indexing the whole of ``xs`` sums its gradient in a buffer of
+    its own beside the outer loop's (1804 MiB); unrolled iterations let XLA recompute
+    consecutive layers at once (1729 MiB). A reshape of ``xs`` into groups before the
+    loop would be a residual of its own."""
     if policy is not None:
-        step = jax.checkpoint(step, policy=policy)
+        step = jax.checkpoint(step, policy=policy, prevent_cse=False)
 
     def run_group(carry: list, g: jax.Array) -> tuple[list, list]:
-        ys = []
-        for j in range(group):
-            i = g * group + j
-            carry, y = step(carry, [jax.lax.dynamic_index_in_dim(x, i, keepdims=False)
-                                    for x in xs])
-            ys.append(y)
-        return carry, [jax.lax.concatenate([y[None] for y in column], 0)
-                       for column in zip(*ys, strict=True)] if ys[0] else []
+        sliced = [jax.lax.dynamic_slice_in_dim(x, g * group, group) for x in xs]
+        return jax.lax.scan(step, carry, sliced)
 
     nested = jax.checkpoint(run_group, policy=jax.checkpoint_policies.nothing_saveable,
                             prevent_cse=False)
