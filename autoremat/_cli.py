@@ -222,6 +222,12 @@ _REFINE_ROUNDS = click.option(
     help="With the closed loop, compiles it may spend on cheaper plans once one fits.")
 
 
+_NESTED_SCANS = click.option(
+    "--nested-scans", is_flag=True,
+    help="Also consider scans nested in groups of about sqrt(length) iterations (lower "
+         "floors, one more forward pass of the loop).")
+
+
 @click.group()
 def main() -> None:
     """Automatic rematerialization for JAX under a memory budget."""
@@ -253,9 +259,7 @@ def main() -> None:
 @_REFINE_ROUNDS
 @click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
               help=_LAYOUT_HELP)
-@click.option("--nested-scans", is_flag=True,
-              help="Also consider scans nested in groups of about sqrt(length) iterations "
-                   "(lower floors, one more forward pass of the loop).")
+@_NESTED_SCANS
 def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
                  budget: float, out: pathlib.Path, maxtext: pathlib.Path | None,
                  time_limit: float, rows: int, show_progress: bool | None,
@@ -386,13 +390,15 @@ def demo(budget: float, scan: bool, time_limit: float, rows: int,
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Plan with the closed loop on the target's compiler.")
 @_REFINE_ROUNDS
+@_NESTED_SCANS
 @click.option("--out", type=click.Path(file_okay=False, path_type=pathlib.Path),
               default=pathlib.Path("bench/results"), show_default=True,
               help="Directory for MODEL.md, MODEL.json and MODEL.png.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
               help=_LAYOUT_HELP)
 def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limit: float,
-          verify: bool, refine_rounds: int, out: pathlib.Path, layout: Layout) -> None:
+          verify: bool, refine_rounds: int, nested_scans: bool, out: pathlib.Path,
+          layout: Layout) -> None:
     """Sweep budgets for zoo models beside JAX's built-in policies; write a markdown
     table, JSON and a Pareto plot per model.
 
@@ -411,7 +417,8 @@ def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limi
             sweep = _benchmark.sweep(model, target=None if target == "none" else target,
                                      num_budgets=num_budgets, time_limit_s=time_limit,
                                      verify=verify, refine_rounds=refine_rounds,
-                                     layout=layout, log=click.echo)
+                                     nested_scans=nested_scans, layout=layout,
+                                     log=click.echo)
         except autoremat.CompilerUnavailableError as e:
             raise click.ClickException(f"{e} (or use --target none)") from None
         text = (f"# {model.name} on {target}\n\n{model.description}\n\nMade with `{command}`; "
