@@ -17,8 +17,9 @@ class Value:
       id: the value's id in the flattened program (stable for a function and shapes).
       shape, dtype: of one instance.
       nbytes: bytes of one instance on one device (its shard, for a sharded program).
-      multiplicity: instances kept if saved (the scan length inside a scan body, except
-        for values computed from loop invariants alone, which JAX saves once).
+      multiplicity: instances kept if saved (the scan length inside a scan body, the
+        group's in a nested scan, except for values computed from loop invariants alone,
+        which JAX saves once).
       primitive: the producing primitive; ``carry_in``/``xs_in`` for a scan body's inputs.
       source: ``file:line`` of the user code that produced it.
       flops: cost of recomputing one instance on one device (a scan body's values are

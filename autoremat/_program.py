@@ -476,7 +476,7 @@ def _nested_scan(step: Callable, policy: Callable | None, init: list, xs: list, 
 
     def run_group(carry: list, g: jax.Array) -> tuple[list, list]:
         sliced = [jax.lax.dynamic_slice_in_dim(x, g * group, group) for x in xs]
-        return jax.lax.scan(step, carry, sliced)
+        return jax.lax.scan(step, carry, sliced, length=group)
 
     nested = jax.checkpoint(run_group, policy=jax.checkpoint_policies.nothing_saveable,
                             prevent_cse=False)

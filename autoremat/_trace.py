@@ -673,11 +673,12 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
                            if isinstance(c, int) and c in differentiable)
         kept = 0
         if r.group > 1:
-            # A group's checkpoint keeps its carry and its group number (int32); what
-            # the body saves is made again in the group's backward, for its iterations.
-            _, init, _ = _program.scan_operands(scan, scan.ins)
-            kept = length // r.group * (4 + sum(program.value_bytes(c) for c in init
-                                                if isinstance(c, int)))
+            # A group's checkpoint keeps its carry and, to slice its inputs, its group
+            # number (int32); what the body saves is made again in the group's backward,
+            # for its iterations.
+            _, init, xs = _program.scan_operands(scan, scan.ins)
+            kept = length // r.group * (4 * bool(xs) + sum(program.value_bytes(c)
+                                                           for c in init if isinstance(c, int)))
             outs = set(scan.outs)
             for vid in facts.made[scan]:
                 if vid not in outs:

@@ -395,3 +395,18 @@ def _step_forward_flops(loss, args) -> int:
     """FLOPs of the scan's matmuls in the forward pass."""
     ws, x = args
     return 2 * ws.shape[0] * 2 * x.shape[0] * x.shape[1] * ws.shape[-1]
+
+
+def test_nested_scan_of_a_loop_without_scanned_inputs():
+    def loss(w: jax.Array, x: jax.Array) -> jax.Array:
+        return jnp.sum(jax.lax.scan(lambda h, _: (jnp.tanh(h @ w), None), x, None,
+                                    length=9)[0] ** 2)
+
+    args = (jax.random.normal(jax.random.key(0), (32, 32)) / 6,
+            jax.random.normal(jax.random.key(1), (256, 32)))
+    lowest = autoremat.plan(loss, *args, budget="floor", nested_scans=True)
+    assert lowest.scan_groups == (3,)
+    optimized = lowest.apply(loss)
+    for g0, g1 in zip(_grads(loss, args), _grads(optimized, args), strict=True):
+        _assert_close(g0, g1)
+    assert lowest.saved_bytes == _actual_saved_bytes(optimized, args)
