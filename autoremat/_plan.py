@@ -536,11 +536,12 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         except InfeasibleBudgetError as e:
             if best is not None:
                 break
-            # Below the model's floor: its lowest plan may still fit on the compiler. The
-            # compiler's peak is not monotone in the model's, so a plan compiled in an
-            # earlier round may have come out lower: the floor reported is the lower.
+            # Below the model's floor: its floor plan (the one keeping the most room) may
+            # still fit on the compiler. The compiler's peak is not monotone in the
+            # model's, so a plan compiled in an earlier round may have come out lower: the
+            # floor reported is the lower.
             target_bytes = target_bytes or e.budget_bytes
-            result = solve(e.floor_bytes, margins=margins, default_margin=unknown_margin)
+            result = solve(FLOOR)
             peak = real_peak(result)
             if peak > target_bytes:
                 raise InfeasibleBudgetError(target_bytes, min(peak, lowest_real or peak)
