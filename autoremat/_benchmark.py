@@ -112,7 +112,8 @@ def program_flops(fn: Callable, *args: Any, argnums: int | Sequence[int] = 0) ->
 
 def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: int = 8,
           time_limit_s: float = 60.0, verify: bool = True, refine_rounds: int = 0,
-          nested_scans: bool = False, layout: Layout = "dense", log: Callable[[str], None] = lambda _: None) -> Sweep:
+          nested_scans: bool = False, nested_segments: bool = False,
+          layout: Layout = "dense", log: Callable[[str], None] = lambda _: None) -> Sweep:
     """Plans and measures ``model`` across budgets, beside the built-in policies.
 
     Args:
@@ -126,7 +127,8 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
       verify: plan with the closed loop (``plan(..., verify=target)``).
       refine_rounds: compiles the closed loop may spend on cheaper plans once one fits
         (see :func:`autoremat.plan`).
-      nested_scans: let plans nest scans (see :func:`autoremat.plan`).
+      nested_scans, nested_segments: let plans nest scans, segments (see
+        :func:`autoremat.plan`).
       layout: how planning counts bytes (see :func:`autoremat.plan`).
       log: called with a line per finished row.
 
@@ -158,8 +160,9 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         if preset != "full":  # MaxText's "full" is nothing_saveable, measured above
             add(Row("maxtext", preset), model.make_loss(zoo.preset_policy(preset, model)))
 
+    nested = {"nested_scans": nested_scans, "nested_segments": nested_segments}
     lowest = plan(loss, *args, budget="floor", time_limit_s=time_limit_s, layout=layout,
-                  nested_scans=nested_scans)
+                  **nested)
     floor = lowest.peak_bytes
     add(Row("autoremat", "analytic floor", budget_bytes=floor,
             predicted_peak_bytes=lowest.peak_bytes, predicted_overhead=lowest.overhead,
@@ -174,7 +177,7 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         try:
             p = plan(loss, *args, budget=budget, time_limit_s=time_limit_s,
                      verify=target if verify else None, refine_rounds=refine_rounds,
-                     nested_scans=nested_scans, layout=layout)
+                     layout=layout, **nested)
         except (InfeasibleBudgetError, BudgetNotVerifiedError) as e:
             status = "infeasible" if isinstance(e, InfeasibleBudgetError) else "not verified"
             rows.append(dataclasses.replace(row, status=status,

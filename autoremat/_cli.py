@@ -200,7 +200,8 @@ def _flops(n: float) -> str:
 def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float,
                      rows: int, show_progress: bool | None, verify: str | None = None,
                      layout: Layout = "dense", refine_rounds: int = 0,
-                     nested_scans: bool = False) -> autoremat.Plan:
+                     nested_scans: bool = False, nested_segments: bool = False
+                     ) -> autoremat.Plan:
     """Plans with a progress display, prints the report, and returns the plan."""
     start = time.perf_counter()
     with _progress(f"planning (time limit {time_limit:g} s)",
@@ -209,7 +210,8 @@ def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float
             plan = autoremat.plan(fn, *args, budget=budget, time_limit_s=time_limit,
                                   progress=progress, verify=verify,
                                   refine_rounds=refine_rounds, layout=layout,
-                                  nested_scans=nested_scans)
+                                  nested_scans=nested_scans,
+                                  nested_segments=nested_segments)
         except _PLAN_ERRORS as e:
             raise click.ClickException(str(e)) from None
     click.echo(plan.report(max_rows=rows))
@@ -226,6 +228,10 @@ _NESTED_SCANS = click.option(
     "--nested-scans", is_flag=True,
     help="Also consider scans nested in groups of about sqrt(length) iterations (lower "
          "floors, one more forward pass of the loop).")
+_NESTED_SEGMENTS = click.option(
+    "--nested-segments", is_flag=True,
+    help="Also consider consecutive segments nested in groups of about sqrt(their number) "
+         "(lower floors, one more forward pass of them).")
 
 
 @click.group()
@@ -260,11 +266,12 @@ def main() -> None:
 @click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
               help=_LAYOUT_HELP)
 @_NESTED_SCANS
+@_NESTED_SEGMENTS
 def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
                  budget: float, out: pathlib.Path, maxtext: pathlib.Path | None,
                  time_limit: float, rows: int, show_progress: bool | None,
                  verify: str | None, refine_rounds: int, layout: Layout,
-                 nested_scans: bool) -> None:
+                 nested_scans: bool, nested_segments: bool) -> None:
     """Plan remat for a function under a budget, write the policy file, print the report.
 
     FUNCTION is MODULE:NAME, imported with the working directory on the module path. With
@@ -311,7 +318,7 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
                                      f"tuple; {problem}.", param_hint="'[FUNCTION]'")
         fn, args = made
     plan = _plan_and_report(fn, args, budget, time_limit, rows, show_progress, verify, layout,
-                            refine_rounds, nested_scans)
+                            refine_rounds, nested_scans, nested_segments)
     try:
         plan.save(out)
     except OSError as e:
@@ -391,14 +398,15 @@ def demo(budget: float, scan: bool, time_limit: float, rows: int,
               help="Plan with the closed loop on the target's compiler.")
 @_REFINE_ROUNDS
 @_NESTED_SCANS
+@_NESTED_SEGMENTS
 @click.option("--out", type=click.Path(file_okay=False, path_type=pathlib.Path),
               default=pathlib.Path("bench/results"), show_default=True,
               help="Directory for MODEL.md, MODEL.json and MODEL.png.")
 @click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
               help=_LAYOUT_HELP)
 def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limit: float,
-          verify: bool, refine_rounds: int, nested_scans: bool, out: pathlib.Path,
-          layout: Layout) -> None:
+          verify: bool, refine_rounds: int, nested_scans: bool, nested_segments: bool,
+          out: pathlib.Path, layout: Layout) -> None:
     """Sweep budgets for zoo models beside JAX's built-in policies; write a markdown
     table, JSON and a Pareto plot per model.
 
@@ -417,7 +425,8 @@ def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limi
             sweep = _benchmark.sweep(model, target=None if target == "none" else target,
                                      num_budgets=num_budgets, time_limit_s=time_limit,
                                      verify=verify, refine_rounds=refine_rounds,
-                                     nested_scans=nested_scans, layout=layout,
+                                     nested_scans=nested_scans,
+                                     nested_segments=nested_segments, layout=layout,
                                      log=click.echo)
         except autoremat.CompilerUnavailableError as e:
             raise click.ClickException(f"{e} (or use --target none)") from None

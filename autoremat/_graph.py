@@ -38,9 +38,10 @@ class Value:
         optimization barrier (:func:`autoremat._program.has_input_barrier`): recomputing
         it replays the barrier, which keeps every input of the region (JAX has no rule to
         drop a barrier's unused operands; see :attr:`Region.barrier_inputs`).
-      replayed: it is made in the body of a nested scan (:attr:`Region.group` > 1), whose
-        backward runs each group's forward again: saved, it is held for its group's
-        backward alone, ``multiplicity`` instances of it.
+      replayed: it is made in a nested group (the body of a nested scan, or a nested group
+        of segments, :attr:`Region.nest`), whose backward runs the group's forward again,
+        and is not handed out of the group: saved, it is held for its group's backward
+        alone (``multiplicity`` instances of it).
     """
 
     id: int
@@ -84,6 +85,10 @@ class Region:
         at a time, and held only there; each group's forward is recomputed once.
       kept_bytes: bytes the region keeps from its forward to the end of its backward
         whatever the plan (a nested scan's carry at the start of each group).
+      nest: the nested group of regions it belongs to (``-1``: none): consecutive
+        segments run inside one more checkpoint that keeps only the group's inputs, or a
+        nested scan (a group of its own); its values are made again when the group's
+        backward starts (:attr:`Value.replayed`).
     """
 
     index: int
@@ -95,6 +100,7 @@ class Region:
     barrier_inputs: tuple[int, ...] = ()
     group: int = 1
     kept_bytes: int = 0
+    nest: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +126,8 @@ class Graph:
         program.
       scan_groups: and the iterations per nested checkpoint of each top-level scan (``()``
         or 1: not nested; see :attr:`Region.group`).
+      segment_group: and the segments per nested group (1: none; see
+        :func:`autoremat._program.split_regions`).
     """
 
     values: tuple[Value, ...]
@@ -133,6 +141,7 @@ class Graph:
     largest_grad_bytes: int = 0
     layout: Layout = "dense"
     scan_groups: tuple[int, ...] = ()
+    segment_group: int = 1
 
     def array(self, field: str, dtype: type = np.int64) -> np.ndarray:
         """One field of every value as a numpy array, in ``values`` order."""
@@ -170,8 +179,16 @@ class Graph:
         return np.cumsum([r.kept_bytes for r in self.regions], dtype=np.int64)
 
     def nested(self) -> np.ndarray:
-        """Which values the backward of a nested scan makes again (:attr:`Value.replayed`)."""
+        """Which values, saved, are held only in their nested group's backward
+        (:attr:`Value.replayed`)."""
         return self.array("replayed", bool)
+
+    def replays(self) -> np.ndarray:
+        """Which values every plan computes once more, in the backward of their nested
+        group: those :meth:`nested`, and all of a nested group of segments."""
+        in_group = np.array([r.nest >= 0 and r.kind == "segment" for r in self.regions],
+                            dtype=bool)
+        return self.nested() | in_group[self.array("region")]
 
     def iterations(self) -> np.ndarray:
         """How many times each value is computed per step (its region's length)."""

@@ -54,10 +54,12 @@ class BudgetNotVerifiedError(RuntimeError):
 _VERIFY_MARGIN = 2**20
 
 # A placement: how top-level scans are split (``Plan.scan_pieces``), the region cuts, and
-# how top-level scans are nested (``Plan.scan_groups``).
-Placement = tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...]]
-# A candidate placement: the program (whole, or with its scans split), cuts, scan groups.
-Candidate = tuple[_trace.ProgramFacts, tuple[int, ...], tuple[int, ...]]
+# how top-level scans are nested (``Plan.scan_groups``), and segments
+# (``Plan.segment_group``).
+Placement = tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], int]
+# A candidate placement: the program (whole, or with its scans split), cuts, scan groups,
+# segment group.
+Candidate = tuple[_trace.ProgramFacts, tuple[int, ...], tuple[int, ...], int]
 
 
 class SolverTimeoutError(RuntimeError):
@@ -89,6 +91,9 @@ class Plan:
         (``()`` or 1: not nested): a nested scan keeps only its carry at the start of each
         group until the backward, which runs the group's forward again (its decisions
         then saving for that group alone) before the group's backward.
+      segment_group: and the segments per nested group of consecutive segments (1: none
+        nested): each group runs in one more checkpoint that keeps only its inputs, its
+        forward run again when its backward starts.
       solve_seconds: time spent in the solver.
       verified_peak_bytes: the real compiler's peak for the step, when the plan was made
         with ``verify`` (``None`` otherwise).
@@ -124,6 +129,7 @@ class Plan:
     scan_pieces: tuple[tuple[int, ...], ...] = ()
     layout: Layout = "dense"
     scan_groups: tuple[int, ...] = ()
+    segment_group: int = 1
 
     @property
     def overhead(self) -> float:
@@ -153,7 +159,8 @@ class Plan:
             the plan was made for.
         """
         return _rewrite.rewrite(fn, self.saved, self.graph.fingerprint, self.cuts,
-                                self.offloaded, self.scan_pieces, self.scan_groups)
+                                self.offloaded, self.scan_pieces, self.scan_groups,
+                                self.segment_group)
 
     def report(self, max_rows: int = 40) -> str:
         """A readable table of the plan's decisions, largest first, with its totals."""
@@ -213,7 +220,7 @@ def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
 
 def _placement(of: Graph | Plan) -> Placement:
     """The placement a graph was traced with, or a plan made with."""
-    return of.scan_pieces, tuple(of.cuts), of.scan_groups
+    return of.scan_pieces, tuple(of.cuts), of.scan_groups, of.segment_group
 
 
 def _lower_bound(problem: policy_model.PolicyProblem) -> int:
@@ -239,8 +246,8 @@ def solver_share(time_limit_s: float, elapsed_s: float, left: int, placements: i
 def _problem_of(candidate: Candidate, op_times: OpTimes | None, offload: OffloadConfig | None
                 ) -> tuple[Graph, policy_model.PolicyProblem]:
     """The graph of one placement and its save/recompute (and offload) problem."""
-    facts, cuts, scan_groups = candidate
-    _, graph = _trace.graph_of(facts.program, cuts, facts, scan_groups)
+    facts, cuts, scan_groups, segment_group = candidate
+    _, graph = _trace.graph_of(facts.program, cuts, facts, scan_groups, segment_group)
     problem = _solve.to_problem(graph, op_times)
     if offload is not None:
         problem = offload_problem(graph, problem, offload)
@@ -257,7 +264,8 @@ def _plan_of(graph: Graph, d: _solve.Decisions, budget_bytes: int, no_remat_peak
                 cuts=graph.cuts, solve_seconds=d.solve_seconds, graph=graph,
                 offloaded=d.offloaded, offloaded_bytes=d.offloaded_bytes,
                 offload_flops=d.offload_flops, offload=offload, scan_pieces=graph.scan_pieces,
-                layout=graph.layout, scan_groups=graph.scan_groups)
+                layout=graph.layout, scan_groups=graph.scan_groups,
+                segment_group=graph.segment_group)
 
 
 def _floor_plan(candidates: Sequence[Candidate],
@@ -305,7 +313,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
               offload: OffloadConfig | None = None, progress: Progress | None = None,
               op_times: OpTimes | None = None,
               margins: Mapping[Placement, int] | None = None, default_margin: int = 0,
-              layout: Layout = "dense", nested_scans: bool = False) -> Plan:
+              layout: Layout = "dense", nested_scans: bool = False,
+              nested_segments: bool = False) -> Plan:
     """:func:`plan` for a function of flat array arguments returning a flat list.
 
     Each candidate placement (:func:`autoremat._trace.placements`: region boundaries,
@@ -330,11 +339,15 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     if any(pieces := _program.scan_pieces_of(program)):
         programs.append(_trace.split_program(program, avals, pieces))
     facts = [_trace.program_facts(p) for p in programs]
-    candidates: list[Candidate] = [(f, cuts, ()) for f in facts
+    candidates: list[Candidate] = [(f, cuts, (), 1) for f in facts
                                    for cuts in _trace.placements(f.program)]
+    finest = _trace.segment_cuts(program)
     groups = _program.scan_groups_of(program)
     if nested_scans and max(groups, default=1) > 1:
-        candidates.append((facts[0], _trace.segment_cuts(program), groups))
+        candidates.append((facts[0], finest, groups, 1))
+    segments = sum(r.kind == "segment" for r in _program.split_regions(program, finest))
+    if nested_segments and segments >= 4:
+        candidates.append((facts[0], finest, (), round(math.sqrt(segments))))
     share = lambda left: solver_share(time_limit_s, time.perf_counter() - start, left,
                                       len(candidates))
     if parse_budget(budget) == FLOOR:
@@ -397,7 +410,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
          backends: tuple[str, ...] = ("HIGHS", "SCIP"), verify: str | None = None,
          verify_rounds: int = 4, refine_rounds: int = 0,
          offload: OffloadConfig | None = None, progress: Progress | None = None, op_times: OpTimes | None = None,
-         layout: Layout = "dense", nested_scans: bool = False, **kwargs: Any) -> Plan:
+         layout: Layout = "dense", nested_scans: bool = False, nested_segments: bool = False,
+         **kwargs: Any) -> Plan:
     """Plans remat for ``fn(*args, **kwargs)`` under ``budget``.
 
     Args:
@@ -474,6 +488,10 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         ``nothing_saveable``'s too; the model says 1395) but not the Llama-style
         model's (1611 MiB against 1569 without; the model says 1549, and over-predicts
         the floor without nesting); use it with ``verify``.
+      nested_segments: also consider the finest placement's segments nested: consecutive
+        segments in groups of about sqrt(their number), each group in one more
+        checkpoint that keeps only its inputs, its forward run again when its backward
+        starts (``Plan.segment_group``). Off by default, like ``nested_scans``.
 
     Returns:
       A :class:`Plan`.
@@ -502,7 +520,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
     solve = functools.partial(plan_flat, flat_fn, avals, time_limit_s=time_limit_s,
                               backends=backends, offload=offload, progress=progress,
-                              op_times=op_times, layout=layout, nested_scans=nested_scans)
+                              op_times=op_times, layout=layout, nested_scans=nested_scans,
+                              nested_segments=nested_segments)
     if verify is None:
         return solve(budget)
     bound = functools.partial(fn, **kwargs)
@@ -673,7 +692,7 @@ def load_plan(path: str | os.PathLike, fn: Callable, *args: Any, **kwargs: Any) 
     policy = _policy_file.PolicyFile.read(path)
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
     _, _, graph = _trace.trace(flat_fn, avals, policy.cuts, policy.scan_pieces, policy.layout,
-                               policy.scan_groups)
+                               policy.scan_groups, policy.segment_group)
     d = policy.match(graph, where=os.fspath(path))
     no_remat = _solve.no_remat(graph, _solve.to_problem(graph)).peak_bytes
     return dataclasses.replace(_plan_of(graph, d, policy.budget_bytes, no_remat, policy.offload),

@@ -25,6 +25,7 @@ Format (version 1; :data:`SCHEMA` is the JSON Schema)::
                  "scan_pieces": [[iterations, ...] per top-level scan] (optional),
                  "scan_groups": [iterations per nested checkpoint, per top-level scan]
                                 (optional, none nested when absent),
+                 "segment_group": segments per nested group (optional, 1 when absent),
                  "layout": "dense" or "tpu" (optional, "dense" when absent),
                  "regions": [{"kind", "length", "values"}, ...]},
      "offload": null or {"host_budget", "target", "overlap", "host_bandwidth",
@@ -112,6 +113,7 @@ SCHEMA: dict[str, Any] = {
             "layout": {"enum": list(LAYOUTS)},
             # Absent in files from before nested scans: none nested.
             "scan_groups": {"type": "array", "items": _POSITIVE},
+            "segment_group": _POSITIVE,
         }),
         "offload": {"oneOf": [{"type": "null"}, _record({
             "host_budget": _POSITIVE,
@@ -265,6 +267,7 @@ class PolicyFile:
       scan_pieces: the rest of the placement (``Plan.scan_pieces``): how top-level scans
         are split.
       scan_groups: and how they are nested (``Plan.scan_groups``).
+      segment_group: segments per nested group (``Plan.segment_group``).
       regions: the program's remat regions, in program order.
       decisions: every save, recompute and offload, in program order of their first value.
       offload: the offload configuration the plan was made with, or ``None``.
@@ -295,6 +298,7 @@ class PolicyFile:
     scan_pieces: tuple[tuple[int, ...], ...] = ()
     layout: Layout = "dense"
     scan_groups: tuple[int, ...] = ()
+    segment_group: int = 1
 
     @property
     def num_values(self) -> int:
@@ -346,7 +350,8 @@ class PolicyFile:
             regions=tuple(RegionSummary(r.kind, r.length, int(n))
                           for r, n in zip(graph.regions, counts)),
             decisions=tuple(decisions), offload=plan.offload, scan_pieces=plan.scan_pieces,
-            layout=plan.layout, scan_groups=plan.scan_groups)
+            layout=plan.layout, scan_groups=plan.scan_groups,
+            segment_group=plan.segment_group)
 
     def to_json(self) -> str:
         """The file's text: objects one member a line, each decision on a line of its own."""
@@ -481,6 +486,7 @@ class PolicyFile:
                         "grad_bytes": self.grad_bytes, "cuts": list(self.cuts),
                         "scan_pieces": [list(p) for p in self.scan_pieces],
                         "scan_groups": list(self.scan_groups),
+                        "segment_group": self.segment_group,
                         "layout": self.layout,
                         "regions": [dataclasses.asdict(r) for r in self.regions]},
             "offload": None if self.offload is None else {
@@ -505,6 +511,7 @@ class PolicyFile:
             grad_bytes=program["grad_bytes"], cuts=tuple(program["cuts"]),
             scan_pieces=tuple(tuple(p) for p in program.get("scan_pieces", ())),
             scan_groups=tuple(program.get("scan_groups", ())),
+            segment_group=program.get("segment_group", 1),
             layout=program.get("layout", "dense"),
             regions=tuple(RegionSummary(**r) for r in program["regions"]),
             decisions=tuple(Decision(

@@ -94,6 +94,7 @@ class Segment:
     inputs: tuple[int, ...]  # ids read here but produced elsewhere (args, other regions)
     outputs: tuple[int, ...]  # ids produced here and read later or returned
     group: int = 1  # a scan's iterations per nested checkpoint (see nest_group)
+    nest: int = -1  # the nested group of segments it belongs to (see split_regions)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -321,13 +322,16 @@ def _flatten_shard_body(eqn: Any, fresh: Callable, walk: Callable) -> ShardBody:
     return ShardBody(ins=tuple(ids), eqns=tuple(body_eqns), outs=tuple(outs))
 
 
-def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[int] = ()
-                  ) -> tuple[Segment, ...]:
+def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[int] = (),
+                  segment_group: int = 1) -> tuple[Segment, ...]:
     """Splits the top-level equations into regions.
 
     ``cuts`` are equation indices where a new segment starts; every top-level scan is a
     region of its own whatever the cuts. ``scan_groups``: per top-level scan, its
     iterations per nested checkpoint (1 or absent: not nested; see :func:`nest_group`).
+    ``segment_group``: each run of consecutive segments is nested in groups of that many
+    (a last group of one is not nested; 1: none nested), each group's id
+    (``Segment.nest``) the index of its first segment.
     """
     groups: list[tuple[str, list[Eqn]]] = []
     cut_set = set(cuts)
@@ -356,7 +360,13 @@ def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[i
         outputs = tuple(o for o in produced if o in used_after[g])
         group = next(nests, 1) if kind == "scan" else 1
         regions.append(Segment(g, kind, tuple(eqns), tuple(inputs), outputs, group))
-    return tuple(regions)
+    if segment_group <= 1:
+        return tuple(regions)
+    runs = itertools.groupby(regions, key=lambda r: r.kind)
+    chunks = [run[k:k + segment_group] for kind, rs in runs if kind == "segment"
+              for run in [list(rs)] for k in range(0, len(run), segment_group)]
+    nest = {r.index: chunk[0].index for chunk in chunks if len(chunk) > 1 for r in chunk}
+    return tuple(dataclasses.replace(r, nest=nest.get(r.index, -1)) for r in regions)
 
 
 def nest_group(length: int) -> int:
@@ -541,13 +551,37 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
 
 def run_program(program: Program, regions: Sequence[Segment], named: frozenset[int],
                 policy: Callable | None, args: Sequence[Any]) -> list:
-    """Runs the whole program region by region on flat ``args``."""
+    """Runs the whole program region by region on flat ``args``; a nested group of
+    segments (``Segment.nest``) in one more ``jax.checkpoint`` that keeps only its inputs."""
     env: dict[int, Any] = dict(zip(program.args, args))
-    for region in regions:
-        outs = region_fn(program, region, named, policy)(*(
-            _read(i, env, program.consts) for i in region.inputs))
-        env.update(zip(region.outputs, outs))
+    for nest, run in itertools.groupby(regions, key=lambda r: r.nest):
+        for members in ([list(run)] if nest >= 0 else [[r] for r in run]):
+            fn, inputs, outputs = _group_fn(program, members, named, policy)
+            if nest >= 0 and policy is not None:
+                fn = jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable)
+            env.update(zip(outputs, fn(*(_read(i, env, program.consts) for i in inputs))))
     return [_read(a, env, program.consts) for a in program.outs]
+
+
+def _group_fn(program: Program, regions: Sequence[Segment], named: frozenset[int],
+              policy: Callable | None) -> tuple[Callable[..., list], list[int], list[int]]:
+    """Consecutive regions as one function: ``(fn, inputs, outputs)``."""
+    if len(regions) == 1:
+        (region,) = regions
+        return region_fn(program, region, named, policy), list(region.inputs), list(
+            region.outputs)
+    made = {o for r in regions for o in r.outputs}
+    inputs = list(dict.fromkeys(i for r in regions for i in r.inputs if i not in made))
+    outputs = [o for r in regions for o in r.outputs]
+
+    def fn(*values: Any) -> list:
+        env = dict(zip(inputs, values))
+        for region in regions:
+            env.update(zip(region.outputs, region_fn(program, region, named, policy)(*(
+                _read(i, env, program.consts) for i in region.inputs))))
+        return [env[o] for o in outputs]
+
+    return fn, inputs, outputs
 
 
 def nbytes(aval: jax_core.AbstractValue, layout: Layout = "dense",

@@ -50,6 +50,8 @@ def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
         *([(f"scans nested in   groups of {', '.join(str(g) for g in p.scan_groups if g > 1)}"
            " iterations (each group's forward runs again in the backward)")]
           if any(g > 1 for g in p.scan_groups) else []),
+        *([(f"segments nested   in groups of {p.segment_group} (each group's forward runs"
+            " again in the backward)")] if p.segment_group > 1 else []),
         *([f"layout            {p.layout} (bytes of the tiled TPU layout)"]
           if p.layout == "tpu" else []),
         "",

@@ -56,9 +56,10 @@ def leaf_aval(x: Any) -> jax.ShapeDtypeStruct:
 
 def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, cuts: Sequence[int],
             offloaded: Collection[int] = (), scan_pieces: Sequence[tuple[int, ...]] = (),
-            scan_groups: Sequence[int] = ()) -> Callable:
+            scan_groups: Sequence[int] = (), segment_group: int = 1) -> Callable:
     """``fn`` with the plan applied (its saved values, its placement: ``cuts``,
-    ``scan_pieces`` and ``scan_groups``, and the values it offloads to host memory): same
+    ``scan_pieces``, ``scan_groups`` and ``segment_group``, and the values it offloads to
+    host memory): same
     signature, outputs and gradients."""
     named = frozenset(saved) | frozenset(offloaded)
     policy = _program.policy_for(saved, offloaded)
@@ -74,7 +75,7 @@ def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, cuts: Sequen
                 "shapes with autoremat.plan, or use autoremat.optimize, which plans per shape.")
         if any(scan_pieces):
             program = _program.split_scans(program, scan_pieces, avals)
-        regions = _program.split_regions(program, cuts, scan_groups)
+        regions = _program.split_regions(program, cuts, scan_groups, segment_group)
         outs = _program.run_program(program, regions, named, policy, leaves)
         return jax.tree.unflatten(store["out_tree"], outs)
 

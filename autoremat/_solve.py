@@ -26,13 +26,16 @@ Recomputing a value that reads the barrier's outputs replays the barrier, and JA
 of its operands: such a value is given every input of its segment as an input, so those
 from other regions are saved.
 
-Nested scans (a placement, :attr:`autoremat._graph.Region.group`): a scan run as groups of
-``k`` iterations, each group in a checkpoint of its own that keeps only its carry (Chen et
-al. 2016, https://arxiv.org/abs/1604.06174). The carries at the group starts are held from
-the scan's forward to the end of its backward whatever the plan; the body's saved values
-are made again in each group's backward and held there alone, ``k`` instances at a time
-(``backward_held``); every plan recomputes the body's forward once more
-(:func:`replay_cost`), and the values it recomputes besides, again.
+Nested regions (placements, :attr:`autoremat._graph.Region.nest`; Chen et al. 2016,
+https://arxiv.org/abs/1604.06174): a scan run as groups of ``k`` iterations, each group in
+a checkpoint of its own that keeps only its carry, or consecutive segments run inside one
+more checkpoint that keeps only their inputs. A nested scan's carries at the group starts
+are held from its forward to the end of its backward whatever the plan, and what a group
+of segments hands to later regions is saved as usual; every other saved value of a group
+is made again when the group's backward starts and held only at its regions' backward
+stages (``k`` instances at a time in a scan; the policy problem's ``nest``). Every plan
+recomputes the group's forward once more (:func:`replay_cost`), and the values it
+recomputes besides, again.
 
 Gradient buffers (measured on TPU v5e): the compiler allocates the step's outputs, the
 gradients, apart from its temporaries, for the whole step; a temporary shares an output's
@@ -103,8 +106,7 @@ def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.Po
                       for u in dict.fromkeys((*v.inputs, *barrier[k]))],
                      dtype=np.int64).reshape(-1, 2)
     nested = graph.nested()
-    made = graph.array("multiplicity") * graph.array("nbytes")
-    held = np.where(nested, 0, made)
+    held = graph.array("multiplicity") * graph.array("nbytes")
     in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     reserved_base, reserved_forward_base = graph.reserved_base_bytes()
     return policy_model.PolicyProblem(
@@ -117,7 +119,8 @@ def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.Po
         forward_base=graph.forward_base_bytes(),
         # A saved value that materializes anyway is already in the forward working set; a
         # scan's saved values fill a stacked buffer allocated for the whole loop.
-        forward_held=np.where(in_scan | ~materialized.astype(bool), held, 0),
+        # A nested region's saved values are made in its backward alone.
+        forward_held=np.where((in_scan | ~materialized.astype(bool)) & ~nested, held, 0),
         must_cover=graph.array("needed", bool),
         must_save=graph.array("needed_across", bool),
         can_save=graph.array("saveable", bool),
@@ -127,15 +130,15 @@ def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.Po
         # one only if it fits in it.
         reserved_base=reserved_base,
         reserved_forward_base=reserved_forward_base,
-        unshared=made > graph.largest_grad_bytes if graph.grad_bytes else None,
-        backward_held=np.where(nested, made, 0) if nested.any() else None,
+        unshared=held > graph.largest_grad_bytes if graph.grad_bytes else None,
+        nest=np.array([r.nest for r in graph.regions]) if nested.any() else None,
     )
 
 
 def replay_cost(graph: Graph, problem: policy_model.PolicyProblem) -> float:
     """What every plan on ``graph`` recomputes whatever it decides, in ``problem``'s cost
     units: the forward pass of its nested scans, run again group by group."""
-    return float(problem.cost[graph.nested()].sum())
+    return float(problem.cost[graph.replays()].sum())
 
 
 def decisions(graph: Graph, problem: policy_model.PolicyProblem,
@@ -148,9 +151,9 @@ def decisions(graph: Graph, problem: policy_model.PolicyProblem,
         saved=frozenset(int(i) for i in ids[result.save]),
         recomputed=frozenset(int(i) for i in ids[result.recompute]),
         peak_bytes=result.peak,
-        saved_bytes=int(problem.held[result.save].sum()) + sum(r.kept_bytes
-                                                               for r in graph.regions),
-        recompute_flops=int(flops[result.recompute].sum() + flops[graph.nested()].sum()),
+        saved_bytes=int(problem.held[result.save & ~graph.nested()].sum())
+        + sum(r.kept_bytes for r in graph.regions),
+        recompute_flops=int(flops[result.recompute].sum() + flops[graph.replays()].sum()),
         status=result.status.value,
         gap=result.gap,
         solve_seconds=result.wall_s,

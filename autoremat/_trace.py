@@ -433,7 +433,7 @@ def split_program(program: Program, avals: Sequence[jax.ShapeDtypeStruct],
 
 def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
           cuts: Sequence[int] | None = None, scan_pieces: Sequence[tuple[int, ...]] = (),
-          layout: Layout = "dense", scan_groups: Sequence[int] = ()
+          layout: Layout = "dense", scan_groups: Sequence[int] = (), segment_group: int = 1
           ) -> tuple[Program, tuple[Segment, ...], Graph]:
     """Traces ``flat_fn`` (flat array arguments to a flat list of outputs).
 
@@ -443,14 +443,15 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
       cuts: the placement (see :func:`placements`); :func:`segment_cuts` when None.
       scan_pieces: how top-level scans are split (see :func:`trace_program`).
       layout: how values are sized (see :mod:`autoremat._layout`).
-      scan_groups: how top-level scans are nested (see :func:`graph_of`).
+      scan_groups, segment_group: how top-level scans and segments are nested (see
+        :func:`graph_of`).
 
     Returns:
       The flattened program, its regions, and the value graph.
     """
     program = trace_program(flat_fn, avals, scan_pieces, layout)
     return (program, *graph_of(program, segment_cuts(program) if cuts is None else cuts,
-                               scan_groups=scan_groups))
+                               scan_groups=scan_groups, segment_group=segment_group))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -575,16 +576,17 @@ def _value_fields(program: Program, free: frozenset[int]
 
 
 def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None = None,
-             scan_groups: Sequence[int] = ()) -> tuple[tuple[Segment, ...], Graph]:
+             scan_groups: Sequence[int] = (), segment_group: int = 1
+             ) -> tuple[tuple[Segment, ...], Graph]:
     """The regions and value graph of ``program`` cut at ``cuts``, its top-level scans
-    nested in groups of ``scan_groups`` iterations (see
-    :func:`autoremat._program.split_regions`).
+    nested in groups of ``scan_groups`` iterations and its segments in groups of
+    ``segment_group`` (see :func:`autoremat._program.split_regions`).
 
     ``facts``: ``program_facts(program)``, shared by the graphs of several placements of
     ``program`` so that what does not depend on the placement is worked out once.
     """
     facts = program_facts(program) if facts is None else facts
-    regions = _program.split_regions(program, cuts, scan_groups)
+    regions = _program.split_regions(program, cuts, scan_groups, segment_group)
     free, differentiable = facts.free, facts.differentiable
     readers: dict[int, set[int]] = {}
     for r in regions:
@@ -643,9 +645,16 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
             work = _work_bytes(r.eqns, r.inputs, set(r.outputs), program.value_bytes, free)
             cotangents = _cotangent_bytes(r.eqns, set(r.outputs), cotangent_size,
                                           differentiable)
+            if r.nest >= 0:
+                # The group's checkpoint (its id is its first region) keeps its inputs;
+                # its forward runs again.
+                needed_across.update(i for i in r.inputs if i in records
+                                     and records[i]["region"] < r.nest)
+                for vid in (v for e in r.eqns for v in facts.made[e]):
+                    records[vid]["replayed"] = True
             region_infos.append(Region(r.index, "segment", 1, work,
                                        cotangents + in_flight[r.index], grad_bytes[r.index],
-                                       barrier_inputs))
+                                       barrier_inputs, nest=r.nest))
             continue
         (scan,) = r.eqns
         body, length = scan.scan_body, scan.params["length"]
@@ -687,12 +696,21 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
                         records[vid]["multiplicity"] = r.group
         region_infos.append(Region(r.index, "scan", length, work,
                                    cotangents + accumulators + in_flight[r.index],
-                                   grad_bytes[r.index], group=r.group, kept_bytes=kept))
+                                   grad_bytes[r.index], group=r.group, kept_bytes=kept,
+                                   nest=r.index if r.group > 1 else -1))
 
     # An xs slice is a view of the scan's input: reading it holds the whole input.
     for rec in records.values():
         if rec["primitive"] == "xs_in" and rec["needed"]:
             needed_across.update(rec["inputs"])
+    # What a nested group of segments hands to regions outside it is kept from the
+    # forward, as an output of the group's checkpoint.
+    nest_of = [r.nest for r in regions]
+    for vid in needed_across:
+        rec = records.get(vid)
+        if rec is not None and rec.get("replayed") and regions[rec["region"]].kind == "segment" \
+                and any(nest_of[k] != nest_of[rec["region"]] for k in readers.get(vid, ())):
+            rec["replayed"] = False
     values = tuple(Value(**records[vid], needed_across=vid in needed_across)
                    for vid in sorted(records))
     graph = Graph(
@@ -707,6 +725,7 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         cuts=tuple(cuts),
         scan_pieces=program.scan_pieces,
         scan_groups=tuple(scan_groups),
+        segment_group=segment_group,
         largest_grad_bytes=max((program.value_bytes(a) for a in program.args
                                 if _is_float(program.avals[a])), default=0),
     )

@@ -272,12 +272,16 @@ def test_plan_with_progress_and_a_maxtext_configuration(tmp_path):
                       "mlpwi": "device", "mlpwo": "device"}
 
 
-def test_plan_considers_nested_scans_on_request(tmp_path):
+def test_plan_considers_nested_placements_on_request(tmp_path):
     result = _run("plan", "--model", "gpt2-small-scan-tiny", "--budget", "floor",
                   "--nested-scans", "--out", "p.json", "--rows", "0", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     # Four layers in groups of two keep as many carries as four checkpoints: not chosen.
     assert autoremat.PolicyFile.read(tmp_path / "p.json").scan_groups == ()
+    result = _run("plan", "--model", "unet-tiny", "--budget", "floor", "--nested-segments",
+                  "--out", "p.json", "--rows", "0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert autoremat.PolicyFile.read(tmp_path / "p.json").segment_group > 1
 
 
 def test_maxtext_configuration_of_a_function_without_names_is_an_error(workdir, tmp_path):

@@ -413,3 +413,30 @@ def test_nested_scan_of_a_loop_without_scanned_inputs():
         _assert_close(g0, g1)
         _assert_close(g0, g2)
     assert lowest.saved_bytes == _actual_saved_bytes(optimized, args)
+
+
+def test_nested_segments_lower_the_floor_and_apply_as_planned(tmp_path):
+    # A 4-layer MLP in 6 regions: nested in groups of 2, a group keeps its input across
+    # the step and the activations inside it only during its own backward.
+    loss, args = MODELS["mlp"]()
+    plain = autoremat.plan(loss, *args, budget="floor")
+    lowest = autoremat.plan(loss, *args, budget="floor", nested_segments=True)
+    assert lowest.segment_group == 2 and lowest.peak_bytes < plain.peak_bytes
+    nests = [r.nest for r in lowest.graph.regions]
+    assert nests == [0, 0, 2, 2, 4, 4]
+    # Every plan on it runs the groups' forward once more.
+    assert lowest.recompute_flops >= sum(int(v.flops) for v in lowest.graph.values)
+    optimized = lowest.apply(loss)
+    for g0, g1 in zip(_grads(loss, args), _grads(optimized, args), strict=True):
+        _assert_close(g0, g1)
+    assert lowest.saved_bytes == _actual_saved_bytes(optimized, args)
+    # One more checkpoint per group, around the segments' own.
+    outer = [e for e in jax.make_jaxpr(optimized)(*args).jaxpr.eqns if "prevent_cse" in e.params]
+    assert len(outer) == 3
+    assert all(sum("prevent_cse" in i.params for i in e.params["jaxpr"].eqns) == 2
+               for e in outer)
+    lowest.save(tmp_path / "plan.json")
+    loaded = autoremat.load_plan(tmp_path / "plan.json", loss, *args)
+    assert (loaded.segment_group, loaded.saved, loaded.peak_bytes) == (
+        lowest.segment_group, lowest.saved, lowest.peak_bytes)
+    assert "segments nested   in groups of 2" in lowest.report()

@@ -6,12 +6,16 @@ solved, checked and compared without JAX. Values belong to *regions* (one
 in reverse; at region ``i``'s backward and forward stages the memory in use is::
 
     base[i] + sum(held[v] * save[v] for v in regions <= i)
-            + sum(transient[v] * recompute[v] + backward_held[v] * save[v] for v in region i)
+            + sum(transient[v] * recompute[v] for v in region i)
     forward_base[i] + sum(held[v] * save[v] for v in regions < i)
                     + sum(forward_held[v] * save[v] for v in region i)
 
 (the values saved so far stay until their region's backward has run; the values region
-``i`` recomputes are live together during its backward). The plan's peak is the largest
+``i`` recomputes are live together during its backward). Nested regions (optional, off
+unless the problem sets ``nest``): regions sharing a ``nest`` id form a group run inside
+one more checkpoint that keeps only the group's inputs, its forward run again when its
+backward starts; their saved values are then held only at the backward stages of their
+group's regions ``>=`` their own (the sums above skip them elsewhere). The plan's peak is the largest
 stage. Feasibility:
 
 * a value the backward reads (``must_cover``) is saved or recomputed;
@@ -72,9 +76,8 @@ class PolicyProblem:
       forward_base: bytes in use at each region's forward stage whatever the plan.
       forward_held: bytes a saved value adds to its own region's forward stage (beyond
         what ``forward_base`` already counts).
-      backward_held: bytes a saved value adds to its own region's backward stage alone (a
-        value saved in a nested region, made again when its region's backward starts);
-        ``None`` (the default): none.
+      nest: per region, the nested group it belongs to (``-1``: none); ``None`` (the
+        default): no nesting.
       must_cover, must_save, can_save, can_recompute: boolean masks.
       edges: ``(E, 2)`` array of ``(input, consumer)`` value indices.
       can_offload: boolean mask of the values that may be offloaded to host memory;
@@ -110,7 +113,7 @@ class PolicyProblem:
     reserved_base: np.ndarray | None = None
     reserved_forward_base: np.ndarray | None = None
     unshared: np.ndarray | None = None
-    backward_held: np.ndarray | None = None
+    nest: np.ndarray | None = None
 
     @property
     def num_values(self) -> int:
@@ -158,15 +161,24 @@ def stage_bytes(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
     saved = save.astype(bool)
     held, own = _held_by_region(problem, saved)
     own += _by_region(problem, offloaded, problem.offload_forward)
-    stages = _stages(problem.base, problem.forward_base, held, own,
-                     trans + _by_region(problem, saved, problem.backward_held))
+    stages = _stages(problem, problem.base, problem.forward_base, held, own, trans)
     if problem.unshared is None:
         return stages
-    saved &= problem.unshared
-    rheld, rown = _held_by_region(problem, saved)
-    return np.maximum(stages, _stages(problem.reserved_base, problem.reserved_forward_base,
-                                      rheld, rown,
-                                      trans + _by_region(problem, saved, problem.backward_held)))
+    rheld, rown = _held_by_region(problem, saved & problem.unshared)
+    return np.maximum(stages, _stages(problem, problem.reserved_base,
+                                      problem.reserved_forward_base, rheld, rown, trans))
+
+
+def _windows(problem: PolicyProblem) -> tuple[np.ndarray, np.ndarray]:
+    """``(backward, forward)``: ``[i, j]`` is whether region ``j``'s saved values are held
+    at region ``i``'s backward (forward) stage."""
+    R = problem.num_regions
+    backward, forward = np.tri(R, dtype=bool), np.tri(R, k=-1, dtype=bool)
+    if problem.nest is None:
+        return backward, forward
+    nested = problem.nest >= 0
+    same = problem.nest[:, None] == problem.nest[None, :]
+    return backward & (~nested[None, :] | same), forward & ~nested[None, :]
 
 
 def _by_region(problem: PolicyProblem, mask: np.ndarray, nbytes: np.ndarray | None
@@ -187,14 +199,16 @@ def _held_by_region(problem: PolicyProblem, saved: np.ndarray) -> tuple[np.ndarr
             _by_region(problem, saved, problem.forward_held))
 
 
-def _stages(base: np.ndarray, forward_base: np.ndarray, held: np.ndarray, own: np.ndarray,
-            trans: np.ndarray) -> np.ndarray:
-    """Backward then forward stage bytes: a stage's base, what earlier regions hold, and
-    the region's own saved (and, backward, recomputed) values."""
+def _stages(problem: PolicyProblem, base: np.ndarray, forward_base: np.ndarray,
+            held: np.ndarray, own: np.ndarray, trans: np.ndarray) -> np.ndarray:
+    """Backward then forward stage bytes: a stage's base, what the regions whose saved
+    values it holds hold, and the region's own (forward) and recomputed (backward) values."""
     as_int = lambda a: np.array([int(b) for b in a], dtype=object)
-    before = np.cumsum(held) - held
-    return np.concatenate([as_int(base) + before + held + trans,
-                           as_int(forward_base) + before + own])
+    backward, forward = _windows(problem)
+    over = lambda window: np.array([sum(held[window[i]], 0) for i in range(len(held))],
+                                   dtype=object)
+    return np.concatenate([as_int(base) + over(backward) + trans,
+                           as_int(forward_base) + over(forward) + own])
 
 
 def evaluate(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarray,
@@ -277,9 +291,7 @@ def prune_offload(problem: PolicyProblem, save: np.ndarray, recompute: np.ndarra
 
 
 def _memory_unit(problem: PolicyProblem) -> float:
-    backward = problem.backward_held if problem.backward_held is not None else problem.held
-    return float(max(1, problem.held.max(initial=1), problem.transient.max(initial=1),
-                     backward.max(initial=1)))
+    return float(max(1, problem.held.max(initial=1), problem.transient.max(initial=1)))
 
 
 def _cost_unit(problem: PolicyProblem) -> float:
@@ -341,11 +353,10 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
     lo.append(np.zeros(R)), hi.append(np.zeros(R))
     m += R
 
+    backward, forward = (np.nonzero(w) for w in _windows(problem))
     stages = [
-        (problem.base, np.tril_indices(R), problem.backward_held, problem.transient,
-         problem.offload_backward, H),
-        (problem.forward_base, np.tril_indices(R, -1), problem.forward_held, None,
-         problem.offload_forward, H),
+        (problem.base, backward, None, problem.transient, problem.offload_backward, H),
+        (problem.forward_base, forward, problem.forward_held, None, problem.offload_forward, H),
     ]
     if reserving:
         unshared = problem.unshared.astype(float)
@@ -354,10 +365,9 @@ def _model(problem: PolicyProblem, budget: float | None) -> Milp:
         lo.append(np.zeros(R)), hi.append(np.zeros(R))
         m += R
         stages += [
-            (problem.reserved_base, np.tril_indices(R),
-             None if problem.backward_held is None else problem.backward_held * unshared,
-             problem.transient, problem.offload_backward, HR),
-            (problem.reserved_forward_base, np.tril_indices(R, -1),
+            (problem.reserved_base, backward, None, problem.transient,
+             problem.offload_backward, HR),
+            (problem.reserved_forward_base, forward,
              problem.forward_held * unshared, None, problem.offload_forward, HR),
         ]
     for stage_base, (tri_r, tri_c), own, transient, offloaded, held_at in stages:
