@@ -219,6 +219,8 @@ def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float
     return plan
 
 
+_LAYOUT = click.option("--layout", type=click.Choice(LAYOUTS), default="dense",
+                       show_default=True, help=_LAYOUT_HELP)
 _REFINE_ROUNDS = click.option(
     "--refine-rounds", type=click.IntRange(min=0), default=0, show_default=True,
     help="With the closed loop, compiles it may spend on cheaper plans once one fits.")
@@ -263,8 +265,7 @@ def main() -> None:
                    f"({', '.join(sorted(autoremat.TARGETS))}) and re-plan until the "
                    "compiler's peak fits the budget.")
 @_REFINE_ROUNDS
-@click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
-              help=_LAYOUT_HELP)
+@_LAYOUT
 @_NESTED_SCANS
 @_NESTED_SEGMENTS
 def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
@@ -402,8 +403,7 @@ def demo(budget: float, scan: bool, time_limit: float, rows: int,
 @click.option("--out", type=click.Path(file_okay=False, path_type=pathlib.Path),
               default=pathlib.Path("bench/results"), show_default=True,
               help="Directory for MODEL.md, MODEL.json and MODEL.png.")
-@click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
-              help=_LAYOUT_HELP)
+@_LAYOUT
 def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limit: float,
           verify: bool, refine_rounds: int, nested_scans: bool, nested_segments: bool,
           out: pathlib.Path, layout: Layout) -> None:

@@ -345,9 +345,10 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     groups = _program.scan_groups_of(program)
     if nested_scans and max(groups, default=1) > 1:
         candidates.append((facts[0], finest, groups, 1))
-    segments = sum(r.kind == "segment" for r in _program.split_regions(program, finest))
-    if nested_segments and segments >= 4:
-        candidates.append((facts[0], finest, (), round(math.sqrt(segments))))
+    if nested_segments:
+        segments = sum(r.kind == "segment" for r in _program.split_regions(program, finest))
+        if segments >= 4:
+            candidates.append((facts[0], finest, (), round(math.sqrt(segments))))
     share = lambda left: solver_share(time_limit_s, time.perf_counter() - start, left,
                                       len(candidates))
     if parse_budget(budget) == FLOOR:
@@ -408,8 +409,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
 
 def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
          backends: tuple[str, ...] = ("HIGHS", "SCIP"), verify: str | None = None,
-         verify_rounds: int = 4, refine_rounds: int = 0,
-         offload: OffloadConfig | None = None, progress: Progress | None = None, op_times: OpTimes | None = None,
+         verify_rounds: int = 4, refine_rounds: int = 0, offload: OffloadConfig | None = None,
+         progress: Progress | None = None, op_times: OpTimes | None = None,
          layout: Layout = "dense", nested_scans: bool = False, nested_segments: bool = False,
          **kwargs: Any) -> Plan:
     """Plans remat for ``fn(*args, **kwargs)`` under ``budget``.
@@ -451,8 +452,9 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         errors on it allow (looser where its peak came out below the model's, halfway
         back where that was too loose; placements not compiled by the largest error
         seen), and the plan that fits with the least recompute is returned. It stops
-        early when the solve gives no cheaper plan not compiled yet. A refined plan's ``peak_bytes`` (the model's) may exceed the budget;
-        its ``verified_peak_bytes`` does not. Default 0: the first plan that fits.
+        early when the solve gives no cheaper plan not compiled yet. A refined plan's
+        ``peak_bytes`` (the model's) may exceed the budget; its ``verified_peak_bytes``
+        does not. Default 0: the first plan that fits.
       offload: an :class:`autoremat.OffloadConfig` lets the plan offload residuals to host
         memory as a third choice besides saving and recomputing, under its host budget,
         priced by its transfer time (``Plan.offloaded``). ``None`` (default): no offload.
@@ -624,13 +626,13 @@ def _recompute_cost(p: Plan) -> int:
 def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int] = (),
              time_limit_s: float = 60.0, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
              offload: OffloadConfig | None = None, layout: Layout = "dense",
-             nested_scans: bool = False) -> Callable:
+             nested_scans: bool = False, nested_segments: bool = False) -> Callable:
     """``fn`` with automatic remat under ``budget``: same signature, same gradients.
 
     The plan is made the first time the function is called (or traced) with a given
     structure, shapes and dtypes of arguments and values of the static arguments, and
-    reused after. See :func:`plan` for the budget forms, ``layout``, ``nested_scans`` and
-    errors.
+    reused after. See :func:`plan` for the budget forms, ``layout``, ``nested_scans``,
+    ``nested_segments`` and errors.
 
     Do not wrap the result in another ``jax.checkpoint``: the outer policy would win.
 
@@ -665,7 +667,8 @@ def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int
             if apply is None:
                 p = plan(bound, *dynamic, budget=budget, time_limit_s=time_limit_s,
                          backends=backends, offload=offload, layout=layout,
-                         nested_scans=nested_scans, **kwargs)
+                         nested_scans=nested_scans, nested_segments=nested_segments,
+                         **kwargs)
                 apply = cache[key] = p.apply(bound)
         return apply(*dynamic, **kwargs)
 
