@@ -27,7 +27,7 @@ import numpy as np
 
 from autoremat import _measure, zoo
 from autoremat._budget import format_bytes
-from autoremat._cost import jaxpr_flops
+from autoremat._cost import live_flops
 from autoremat._layout import Layout
 from autoremat._plan import BudgetNotVerifiedError, InfeasibleBudgetError, plan
 
@@ -106,8 +106,9 @@ def budgets_between(low: int, high: int, count: int) -> list[int]:
 
 
 def program_flops(fn: Callable, *args: Any, argnums: int | Sequence[int] = 0) -> int:
-    """FLOPs of ``jax.grad(fn, argnums)(*args)`` counted on its jaxpr (scans times length)."""
-    return jaxpr_flops(jax.make_jaxpr(jax.grad(fn, argnums))(*args).jaxpr)
+    """FLOPs of ``jax.value_and_grad(fn, argnums)(*args)`` counted on its jaxpr (scans
+    times length, dead equations dropped)."""
+    return live_flops(jax.make_jaxpr(jax.value_and_grad(fn, argnums))(*args).jaxpr)
 
 
 def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: int = 8,

@@ -26,6 +26,7 @@ from typing import Any
 
 from jax._src import core as jax_core
 from jax._src.ad_checkpoint import CheckpointName
+from jax._src.interpreters import partial_eval as pe
 
 _FREE = frozenset(["reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "convert_element_type", "bitcast_convert_type", "slice", "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "rev", "copy", "gather", "iota", "select_n", "tile", "stop_gradient", "name", "reduce_precision", "optimization_barrier", "device_put", "sharding_constraint", "split", "real", "imag", "complex", "empty", "zeros_like", "full_like", "pvary", "mesh_cast", "random_wrap", "random_unwrap", "random_seed", "random_bits", "threefry2x32", "empty2", "debug_print", "debug_callback"])
 
@@ -95,6 +96,14 @@ def _itemsize(aval: Any) -> int:
 
 def _size(aval: Any) -> int:
     return math.prod(getattr(aval, "shape", ()))
+
+
+def live_flops(jaxpr: jax_core.Jaxpr) -> int:
+    """FLOPs of ``jaxpr`` once equations whose results nobody reads are dropped (as XLA
+    drops them): ``jax.grad`` traces a JVP of every operation, ``stop_gradient`` ones
+    included, whose tangents are dead."""
+    live, _ = pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))
+    return jaxpr_flops(live)
 
 
 def jaxpr_flops(jaxpr: jax_core.Jaxpr) -> int:

@@ -128,6 +128,10 @@ class Graph:
         or 1: not nested; see :attr:`Region.group`).
       segment_group: and the segments per nested group (1: none; see
         :func:`autoremat._program.split_regions`).
+      fixed_flops: FLOPs every plan on this graph adds to the step whatever it decides:
+        what JAX recomputes that no name reaches (values inside a nested loop or a
+        ``cond``, made by a custom differentiation rule, or from literals; asked of JAX
+        region by region), and the sums of a split scan's gradients over its pieces.
     """
 
     values: tuple[Value, ...]
@@ -142,6 +146,7 @@ class Graph:
     layout: Layout = "dense"
     scan_groups: tuple[int, ...] = ()
     segment_group: int = 1
+    fixed_flops: int = 0
 
     def array(self, field: str, dtype: type = np.int64) -> np.ndarray:
         """One field of every value as a numpy array, in ``values`` order."""

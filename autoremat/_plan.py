@@ -338,7 +338,8 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
     programs = [program]
     if any(pieces := _program.scan_pieces_of(program)):
         programs.append(_trace.split_program(program, avals, pieces))
-    facts = [_trace.program_facts(p) for p in programs]
+    facts = [_trace.program_facts(p, split_from=None if p is program else program)
+             for p in programs]
     candidates: list[Candidate] = [(f, cuts, (), 1) for f in facts
                                    for cuts in _trace.placements(f.program)]
     finest = _trace.segment_cuts(program)

@@ -6,11 +6,11 @@ integer id, and each top-level ``scan`` keeps its body as a :class:`ScanBody` so
 it can become one remat region per iteration. A ``shard_map`` keeps its body as a
 :class:`ShardBody`, whose values (per-device shapes) are planned like any other: they are
 named inside the body, and ``jax.checkpoint`` around the region saves them as per-device
-residuals. :func:`run_region` re-binds a region's
-equations through JAX, wrapping chosen values in
-:func:`jax.ad_checkpoint.checkpoint_name`; it is shared by the tracer (to ask JAX
-which values the backward pass reads) and by the rewriter (to emit the optimized
-function), so both see exactly the same program.
+residuals. :func:`region_fn` re-binds a region's equations through JAX, wrapping chosen
+values in :func:`jax.ad_checkpoint.checkpoint_name` (an operation whose JVP reads its output,
+as ``exp``'s does, gets that JVP reading the named output, so a name policy can save it); it
+is shared by the tracer (to ask JAX which values the backward pass reads) and by the
+rewriter (to emit the optimized function), so both see exactly the same program.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ import numpy as np
 from jax._src import core as jax_core
 from jax._src import source_info_util
 from jax._src.ad_checkpoint import CheckpointName, name_p
+from jax._src.interpreters import ad
 from jax.ad_checkpoint import checkpoint_name
+from jax.custom_derivatives import SymbolicZero
 
 from autoremat import _layout
 from autoremat._layout import Layout
@@ -377,13 +379,57 @@ def nest_group(length: int) -> int:
     return min(divisors, key=lambda k: (abs(k - math.sqrt(length)), k), default=1)
 
 
-def _bind(eqn: Eqn, invals: Sequence[Any]) -> list[Any]:
+def _bind(eqn: Eqn, invals: Sequence[Any], named: Collection[int] = frozenset()
+          ) -> list[Any]:
+    """``eqn``'s outputs on ``invals``, those in ``named`` named (:func:`value_name`)."""
     params = eqn.primitive.get_bind_params(eqn.params)
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
     with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), \
             eqn.ctx.manager:
+        if eqn.outs and eqn.outs[0] in named and any(isinstance(a, int) for a in eqn.ins) and \
+                _jvp_reads_output(eqn, invals):
+            return [_bind_named_output(eqn.primitive, params, invals,
+                                       value_name(eqn.outs[0]))]
         ans = eqn.primitive.bind(*invals, **params)
-    return list(ans) if eqn.primitive.multiple_results else [ans]
+    return _name(eqn.outs, list(ans) if eqn.primitive.multiple_results else [ans], named)
+
+
+def _name(ids: Sequence[int], vals: Sequence[Any], named: Collection[int]) -> list[Any]:
+    return [checkpoint_name(v, value_name(i)) if i in named else v for i, v in zip(ids, vals)]
+
+
+def _jvp_reads_output(eqn: Eqn, invals: Sequence[Any]) -> bool:
+    """Whether ``eqn``'s JVP reads its output, as ``exp``'s and ``tanh``'s do (rules
+    registered with ``ad.defjvp2``; ``convert_element_type``'s reads only its dtype), on
+    inexact inputs (a single output)."""
+    rule = ad.primitive_jvps.get(eqn.primitive)
+    return (isinstance(rule, functools.partial) and rule.func is ad.standard_jvp2
+            and eqn.primitive is not jax.lax.convert_element_type_p
+            and all(jax.numpy.issubdtype(jax.numpy.result_type(x), jax.numpy.inexact)
+                    for x in invals))
+
+
+def _bind_named_output(primitive: Any, params: dict, invals: Sequence[Any], name: str) -> Any:
+    """``checkpoint_name(primitive.bind(*invals), name)``, differentiated by the
+    primitive's own JVP rules but with the named output as their ``ans``.
+
+    Bound plainly, the rules read the output from before the name, which a name policy
+    cannot save: JAX would save the named inputs and recompute the primitive instead.
+    """
+    rules = ad.primitive_jvps[primitive].args[0]
+
+    def bind(*xs: Any) -> Any:
+        return checkpoint_name(primitive.bind(*xs, **params), name)
+
+    def jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, Any]:
+        ans = bind(*primals)
+        outs = [rule(t, ans, *primals, **params) for rule, t in zip(rules, tangents)
+                if rule is not None and not isinstance(t, SymbolicZero)]
+        return ans, functools.reduce(ad.add_tangents, outs, jax.numpy.zeros_like(ans))
+
+    fn = jax.custom_jvp(bind)
+    fn.defjvp(jvp, symbolic_zeros=True)
+    return fn(*invals)
 
 
 def value_name(value_id: int) -> str:
@@ -423,13 +469,13 @@ def _run_eqns(eqns: Sequence[Eqn], env: dict[int, Any], consts: Mapping[int, Any
     for eqn in eqns:
         invals = [_read(a, env, consts) for a in eqn.ins]
         if eqn.scan_body is not None:
-            outs = _run_scan(eqn, invals, consts, named, scan_policy, group)
+            outs = _name(eqn.outs, _run_scan(eqn, invals, consts, named, scan_policy, group),
+                         named)
         elif eqn.shard_body is not None:
-            outs = _run_shard_map(eqn, invals, consts, named)
+            outs = _name(eqn.outs, _run_shard_map(eqn, invals, consts, named), named)
         else:
-            outs = _bind(eqn, invals)
-        for i, val in zip(eqn.outs, outs):
-            env[i] = checkpoint_name(val, value_name(i)) if i in named else val
+            outs = _bind(eqn, invals, named)
+        env.update(zip(eqn.outs, outs))
 
 
 def scan_body_fn(body: ScanBody, consts: Mapping[int, Any], named: frozenset[int]
@@ -544,9 +590,29 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
         # the regions before it starts, as the memory model's stages assume. Without it XLA
         # scheduled a language-model head's weight gradient after every layer's backward,
         # keeping the logits it reads live throughout.
-        return fn(*jax.lax.optimization_barrier(inputs))
+        return fn(*_input_barrier(list(inputs)))
 
     return jax.checkpoint(segment, policy=policy)
+
+
+@jax.custom_jvp
+def _input_barrier(inputs: list) -> list:
+    """``jax.lax.optimization_barrier(inputs)``, whose tangents (and so cotangents) pass
+    through a barrier of their own only where they are not symbolic zeros.
+
+    The primitive's JVP instantiates zero tangents: behind it, the backward pass would
+    compute cotangents of inputs nobody differentiates (a ResNet's input images).
+    """
+    return jax.lax.optimization_barrier(inputs)
+
+
+@functools.partial(_input_barrier.defjvp, symbolic_zeros=True)
+def _input_barrier_jvp(primals: tuple, tangents: tuple) -> tuple[list, list]:
+    (inputs,), (tangents_in,) = primals, tangents
+    moved = iter(jax.lax.optimization_barrier(
+        [t for t in tangents_in if not isinstance(t, SymbolicZero)]))
+    return (jax.lax.optimization_barrier(inputs),
+            [t if isinstance(t, SymbolicZero) else next(moved) for t in tangents_in])
 
 
 def run_program(program: Program, regions: Sequence[Segment], named: frozenset[int],

@@ -463,7 +463,7 @@ def per_device_flops(graph: Graph, program: Program) -> Graph:
     """``graph`` with FLOPs per device: each value's recompute FLOPs scaled by its
     per-device share (a ``shard_map`` body's values are per device already), and the
     step's FLOPs by the same overall ratio, so that the objective and the overhead are
-    the time one device spends. Unchanged for an unsharded program."""
+    the time one device spends (and the fixed FLOPs too). Unchanged for an unsharded program."""
     if not program.shapes:
         return graph
     devices = {o: manual_devices(e.params) for e in _all_eqns(program.eqns)
@@ -479,5 +479,6 @@ def per_device_flops(graph: Graph, program: Program) -> Graph:
         values.append(dataclasses.replace(v, flops=flops))
         local += flops
         total += v.flops * (n or 1)
-    step = graph.step_flops * local // total if total else graph.step_flops
-    return dataclasses.replace(graph, values=tuple(values), step_flops=step)
+    scale = lambda f: f * local // total if total else f
+    return dataclasses.replace(graph, values=tuple(values), step_flops=scale(graph.step_flops),
+                               fixed_flops=scale(graph.fixed_flops))

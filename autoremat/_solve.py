@@ -136,9 +136,10 @@ def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.Po
 
 
 def replay_cost(graph: Graph, problem: policy_model.PolicyProblem) -> float:
-    """What every plan on ``graph`` recomputes whatever it decides, in ``problem``'s cost
-    units: the forward pass of its nested scans, run again group by group."""
-    return float(problem.cost[graph.replays()].sum())
+    """What every plan on ``graph`` adds to the step whatever it decides, in ``problem``'s
+    cost units (FLOP-equivalents): the forward pass of its nested scans, run again group
+    by group, and its fixed FLOPs (:attr:`Graph.fixed_flops`)."""
+    return float(problem.cost[graph.replays()].sum()) + graph.fixed_flops
 
 
 def decisions(graph: Graph, problem: policy_model.PolicyProblem,
@@ -153,7 +154,8 @@ def decisions(graph: Graph, problem: policy_model.PolicyProblem,
         peak_bytes=result.peak,
         saved_bytes=int(problem.held[result.save & ~graph.nested()].sum())
         + sum(r.kept_bytes for r in graph.regions),
-        recompute_flops=int(flops[result.recompute].sum() + flops[graph.replays()].sum()),
+        recompute_flops=int(flops[result.recompute].sum() + flops[graph.replays()].sum()
+                            + graph.fixed_flops),
         status=result.status.value,
         gap=result.gap,
         solve_seconds=result.wall_s,

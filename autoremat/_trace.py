@@ -10,9 +10,13 @@ backward pass uses it.
 Which values the backward pass reads is not guessed from a table: for every region JAX
 itself is asked. Every value of the region is named, the region is wrapped in a
 ``jax.checkpoint`` that may save every name, and the residuals of its VJP are read off.
-With names, each operation's backward reads only its (named) inputs, so this set does
-not depend on the plan; the plan only decides whether each read value is saved or
-recomputed (``shared/notes/remat-facts.md`` §1).
+With names, each operation's backward reads only its (named) inputs, or its named
+output where its JVP reads the output (``exp``, ``tanh``; see
+:func:`autoremat._program.region_fn`), so this set does not depend on the plan; the plan
+only decides whether each read value is saved or recomputed
+(``shared/notes/remat-facts.md`` §1). What JAX recomputes even so (values no name
+reaches) is measured the same way and counted in every plan
+(:attr:`autoremat._graph.Graph.fixed_flops`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from jax._src import core as jax_core
 from jax._src import source_info_util
 
 from autoremat import _layout, _program, _sharding
-from autoremat._cost import eqn_flops, fuses_cotangent, fusible, jaxpr_flops
+from autoremat._cost import eqn_flops, fuses_cotangent, fusible, live_flops
 from autoremat._graph import Graph, Region, Value
 from autoremat._layout import Layout
 from autoremat._program import Atom, Eqn, Program, ScanBody, Segment
@@ -158,10 +162,10 @@ def _step_flops(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
 
     def step(*args: Any) -> Any:
         out, vjp = jax.vjp(fn, *args)
-        return vjp(jax.tree.map(lambda o: jax.numpy.ones_like(o) if _is_float(o) else
-                                np.zeros(np.shape(o), jax.dtypes.float0), out))
+        return out, vjp(jax.tree.map(lambda o: jax.numpy.ones_like(o) if _is_float(o) else
+                                     np.zeros(np.shape(o), jax.dtypes.float0), out))
 
-    return jaxpr_flops(jax.make_jaxpr(step)(*avals).jaxpr)
+    return live_flops(jax.make_jaxpr(step)(*avals).jaxpr)
 
 
 def _work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int],
@@ -449,9 +453,11 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
     Returns:
       The flattened program, its regions, and the value graph.
     """
-    program = trace_program(flat_fn, avals, scan_pieces, layout)
+    whole = trace_program(flat_fn, avals, layout=layout)
+    program = split_program(whole, avals, scan_pieces)
+    facts = program_facts(program, split_from=whole if any(scan_pieces) else None)
     return (program, *graph_of(program, segment_cuts(program) if cuts is None else cuts,
-                               scan_groups=scan_groups, segment_group=segment_group))
+                               facts, scan_groups, segment_group))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -472,7 +478,11 @@ class ProgramFacts:
         filled as regions are signed (see :func:`_signature`).
       residuals: by region signature, what JAX was asked of the region: the positions of
         the values its VJP reads, those of the inputs it reads, the bytes of unnamed
-        residuals, and its step's FLOPs; filled as regions are asked.
+        residuals, its step's FLOPs and the FLOPs JAX recomputes saving every name;
+        filled as regions are asked.
+      split_flops: for a program whose scans are split into pieces, the FLOPs its step
+        (without remat) spends beyond the whole scans' (summing the gradients of the
+        pieces' inputs).
     """
 
     program: Program
@@ -483,21 +493,33 @@ class ProgramFacts:
     holders: Mapping[int, int]
     fingerprint: str
     texts: dict[Eqn, str] = dataclasses.field(default_factory=dict)
-    residuals: dict[str, tuple[tuple[int, ...], set[int], int, int]] = dataclasses.field(
+    residuals: dict[str, tuple[tuple[int, ...], set[int], int, int, int]] = dataclasses.field(
         default_factory=dict)
+    split_flops: int = 0
 
     def cotangent_size(self, value_id: int) -> int:
         """Bytes the cotangent of value ``value_id`` holds."""
         return max(self.program.value_bytes(value_id), self.holders.get(value_id, 0))
 
 
-def program_facts(program: Program) -> ProgramFacts:
-    """The :class:`ProgramFacts` of ``program``."""
+def program_facts(program: Program, split_from: Program | None = None) -> ProgramFacts:
+    """The :class:`ProgramFacts` of ``program``, whose scans were split from those of
+    ``split_from`` (None: not split)."""
     free = frozenset(program.args) | frozenset(program.consts)
     fields, made = _value_fields(program, free)
+    split_flops = 0 if split_from is None else max(
+        0, _program_step_flops(program) - _program_step_flops(split_from))
     return ProgramFacts(program, fields, made, free, _differentiable(program),
                         _cotangent_holders(program.eqns, program.value_bytes),
-                        _program.fingerprint_of(program))
+                        _program.fingerprint_of(program), split_flops=split_flops)
+
+
+def _program_step_flops(program: Program) -> int:
+    """FLOPs of ``program``'s forward and backward pass without remat."""
+    regions = _program.split_regions(program, ())
+    return _step_flops(lambda *args: _program.run_program(program, regions, frozenset(), None,
+                                                          args),
+                       _avals(program.args, program.avals))
 
 
 def _value_fields(program: Program, free: frozenset[int]
@@ -605,26 +627,28 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
     region_infos = []
     needed_across: set[int] = set()
 
-    step_flops = 0
+    step_flops = unplanned_flops = 0
 
     def mark_needed(make_fn: Callable[[], Callable], input_ids: Sequence[int],
-                    region: Segment) -> set[int]:
+                    region: Segment, unplanned_fn: Callable[[], int]) -> set[int]:
         """Marks the values the VJP of ``make_fn()`` reads; returns the positions of inputs
-        it reads. Repeated layers are asked of JAX once (by their signature)."""
-        nonlocal step_flops
+        it reads. Repeated layers are asked of JAX once (by their signature), as is what
+        it recomputes saving every name (``unplanned_fn()``)."""
+        nonlocal step_flops, unplanned_flops
         signature, local = _signature(region, program.avals, facts.texts)
         if signature not in facts.residuals:
             names, arg_pos, unplanned = _residuals(make_fn(), _avals(input_ids, program.avals))
             needed = tuple(sorted(local[_program.value_id(n)] for n in names))
             plain = _program.region_fn(program, region, frozenset(), None)
             flops = _step_flops(plain, _avals(region.inputs, program.avals))
-            facts.residuals[signature] = needed, arg_pos, unplanned, flops
-        needed, arg_pos, unplanned, flops = facts.residuals[signature]
+            facts.residuals[signature] = needed, arg_pos, unplanned, flops, unplanned_fn()
+        needed, arg_pos, unplanned, flops, hidden = facts.residuals[signature]
         _warn_unplanned(unplanned, region)
         by_position = {k: v for v, k in local.items()}
         for k in needed:
             records[by_position[k]]["needed"] = True
         step_flops += flops
+        unplanned_flops += hidden
         return arg_pos
 
     for r in regions:
@@ -632,7 +656,10 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
             named = frozenset(_produced(r.eqns))
             make_fn = lambda r=r, named=named: _program.region_fn(
                 program, r, named, _program.policy_for(named))
-            arg_pos = mark_needed(make_fn, r.inputs, r)
+            unplanned_fn = lambda r=r, make_fn=make_fn: _unplanned_flops(
+                make_fn(), _program.region_fn(program, r, frozenset(), None),
+                _avals(r.inputs, program.avals), r.eqns)
+            arg_pos = mark_needed(make_fn, r.inputs, r, unplanned_fn)
             needed_across.update(r.inputs[k] for k in arg_pos)
             barrier_inputs: tuple[int, ...] = ()
             if _program.has_input_barrier(r):
@@ -659,8 +686,15 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         (scan,) = r.eqns
         body, length = scan.scan_body, scan.params["length"]
         outer_consts, _, _ = _program.scan_operands(scan, scan.ins)
+        operands = [*body.consts, *body.carry_in, *body.xs_in]
+        # Measured in a loop: JAX recomputes values inside a scan's body that it saves
+        # when the body is differentiated alone (those of a nested scan).
+        unplanned_fn = lambda body=body, operands=operands, length=length: length * (
+            _unplanned_flops(_scan_step_fn(body, program.consts, in_loop=True),
+                             _scan_step_fn(body, program.consts, in_loop=True, named=False),
+                             _avals(operands, program.avals), body.eqns))
         arg_pos = mark_needed(lambda body=body: _scan_step_fn(body, program.consts),
-                              [*body.consts, *body.carry_in, *body.xs_in], r)
+                              operands, r, unplanned_fn)
         flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
         for k in arg_pos:
             vid = flat_ids[k]
@@ -720,6 +754,7 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         grad_bytes=sum(program.value_bytes(a) for a in program.args
                        if _is_float(program.avals[a])),
         step_flops=step_flops,
+        fixed_flops=unplanned_flops + facts.split_flops,
         fingerprint=facts.fingerprint,
         layout=program.layout,
         cuts=tuple(cuts),
@@ -732,15 +767,39 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
     return regions, _sharding.per_device_flops(graph, program)
 
 
-def _scan_step_fn(body: ScanBody, consts: Mapping[int, Any]) -> Callable:
+def _scan_step_fn(body: ScanBody, consts: Mapping[int, Any], *, in_loop: bool = False,
+                  named: bool = True) -> Callable:
     """One iteration of a scan's body as a function of its flat operands (constants,
     carry, slices), every value it makes named, in a ``jax.checkpoint`` that may save
-    every name."""
-    named = frozenset(_produced(body.eqns))
-    step = jax.checkpoint(_program.scan_body_fn(body, consts, named),
-                          policy=_program.policy_for(named), prevent_cse=False)
+    every name (``named=False``: plain); ``in_loop``: run as a scan of length 1."""
+    names = frozenset(_produced(body.eqns))
+    step = _program.scan_body_fn(body, consts, names if named else frozenset())
+    if named:
+        step = jax.checkpoint(step, policy=_program.policy_for(names), prevent_cse=False)
     groups = (body.consts, body.carry_in, body.xs_in)
-    return lambda *flat: step(*_split(flat, groups))
+
+    def fn(*flat: Any) -> Any:
+        const_vals, carry, xs = _split(flat, groups)
+        if not in_loop:
+            return step(const_vals, carry, xs)
+        carry, ys = jax.lax.scan(lambda c, x: step(const_vals, c, x), carry,
+                                 [x[None] for x in xs], length=1)
+        return carry, [y[0] for y in ys]
+
+    return fn
+
+
+def _unplanned_flops(checkpointed: Callable, plain: Callable,
+                     avals: Sequence[jax.ShapeDtypeStruct], eqns: Sequence[Eqn]) -> int:
+    """FLOPs JAX recomputes in the backward pass of ``checkpointed`` (region ``eqns``
+    saving every name) beyond ``plain`` (the region without checkpoint): what no plan can
+    save. Read with ``jax_remat3`` off, like :func:`_residuals`. Not measured (0) where a
+    debug print or callback would run again: JAX 0.10 fails transposing such a
+    checkpoint alone (``KeyError``)."""
+    if any(e.primitive.name in _REPEATED_ON_RECOMPUTE for e, _ in _nested_eqns(eqns)):
+        return 0
+    with jax_config.remat3(False):
+        return max(0, _step_flops(checkpointed, avals) - _step_flops(plain, avals))
 
 
 def _produced(eqns: Sequence[Eqn]) -> list[int]:

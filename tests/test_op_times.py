@@ -43,7 +43,7 @@ def test_measured_costs_keep_flops_for_fused_values_and_scale_the_rest(gpt2):
 
 
 def test_plan_with_measured_times_is_valid_and_deterministic():
-    loss, args = MODELS["mlp"]()
+    loss, args = MODELS["norm_mlp"]()
     times = autoremat.measure_op_times(loss, *args, repeats=3)
     plan = autoremat.plan(loss, *args, budget=0.6, op_times=times)
     assert plan == autoremat.plan(loss, *args, budget=0.6, op_times=times)

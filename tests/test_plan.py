@@ -13,7 +13,7 @@ import pytest
 from autoremat_solvers import policy as policy_model
 
 import autoremat
-from autoremat import _plan, _program, _rewrite, _solve, _trace
+from autoremat import _benchmark, _plan, _program, _rewrite, _solve, _trace
 from tests.models import MODELS, saved_residuals
 
 
@@ -35,6 +35,14 @@ def _grads(fn, args):
 def _assert_close(expected, actual):
     scale = float(np.max(np.abs(expected), initial=0.0))
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-5 * scale)
+
+
+def _recomputed_flops(fn, optimized, args) -> int:
+    """FLOPs JAX's gradient of ``optimized`` spends beyond ``fn``'s (dead code dropped)."""
+    argnums = tuple(i for i, a in enumerate(args)
+                    if all(jnp.issubdtype(x.dtype, jnp.inexact) for x in jax.tree.leaves(a)))
+    return (_benchmark.program_flops(optimized, *args, argnums=argnums)
+            - _benchmark.program_flops(fn, *args, argnums=argnums))
 
 
 def _actual_saved_bytes(fn, args) -> int:
@@ -62,6 +70,28 @@ def test_gradients_and_saved_bytes(model, budget, remat3):
     for g0, g1 in zip(expected, jax.jit(lambda *a: _grads(optimized, a))(*args), strict=True):
         _assert_close(g0, g1)
     assert plan.saved_bytes == _actual_saved_bytes(optimized, args)
+    # What the plan says it recomputes bounds what JAX recomputes, closely: the tiny GPT-2s
+    # and the CNN match exactly; one sine and one product of norm_mlp's planned recompute
+    # JAX does not repeat (12%). Read on the jaxpr, where jax_remat3 does not show the
+    # recomputation.
+    if not remat3:
+        recomputed = _recomputed_flops(loss, optimized, args)
+        assert recomputed <= plan.recompute_flops <= 1.15 * recomputed
+
+
+def test_an_operation_whose_jvp_reads_its_output_has_that_output_saved():
+    # exp's and tanh's JVPs read their outputs. Named after the operation, the output the
+    # JVP reads would be the unnamed one, which no name policy saves: JAX would keep the
+    # input and run exp and tanh again in the backward pass, unplanned.
+    w, x = jnp.ones((32, 32)) / 32, jnp.ones((16, 32))
+    loss = lambda w, x: jnp.sum(jnp.tanh(jnp.exp(x @ w) @ w))
+    plan = autoremat.plan(loss, w, x, budget=1.0)
+    optimized = plan.apply(loss)
+    saved = {v.primitive for v in plan.graph.values if v.id in plan.saved}
+    assert {"exp", "tanh"} <= saved
+    assert plan.recompute_flops == 0 == _recomputed_flops(loss, optimized, (w, x))
+    assert plan.saved_bytes == _actual_saved_bytes(optimized, (w, x))
+    _assert_close(jax.grad(loss)(w, x), jax.grad(optimized)(w, x))
 
 
 def test_value_and_grad_under_jit_and_optimize():
@@ -97,7 +127,7 @@ def _eqns(jaxpr: jex.Jaxpr) -> list[jex.JaxprEqn]:
     return out
 
 
-@pytest.mark.parametrize("budget", [0.8, 0.95])
+@pytest.mark.parametrize("budget", [0.75, 0.95])
 def test_recomputing_behind_a_barrier_keeps_every_input_of_the_segment(budget):
     # Recomputing a value that reads a segment's input replays the segment's input barrier,
     # and JAX then keeps all of the barrier's operands, here a normalization statistic
@@ -126,8 +156,10 @@ def test_each_segment_hands_out_its_input_cotangents_at_once():
     assert len(segments) == len(chosen.graph.regions) > 1
     for eqn in segments:
         inner = eqn.params["jaxpr"]
+        # The barrier sits in a custom JVP that keeps symbolic zero tangents out of it.
         first = inner.eqns[0]
-        assert first.primitive.name == "optimization_barrier"
+        (barrier,) = first.params["call_jaxpr"].jaxpr.eqns
+        assert barrier.primitive.name == "optimization_barrier"
         assert list(first.invars) == list(inner.invars)
     grad_jaxpr = jax.make_jaxpr(jax.grad(chosen.apply(loss)))(*args).jaxpr
     assert sum(e.primitive.name == "optimization_barrier" for e in _eqns(grad_jaxpr)) >= 2 * len(segments)
@@ -346,6 +378,10 @@ def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
     for g0, g1 in zip(_grads(loss, args), _grads(optimized, args), strict=True):
         _assert_close(g0, g1)
     assert chosen.saved_bytes == _actual_saved_bytes(optimized, args)
+    # Its gradient sums the pieces' weight gradients: FLOPs counted in every split plan.
+    assert chosen.graph.fixed_flops > 0
+    recomputed = _recomputed_flops(loss, optimized, args)
+    assert recomputed <= chosen.recompute_flops <= 1.15 * recomputed
     # XLA inlines a one-iteration loop, so only that piece's recomputation needs
     # protecting from common-subexpression elimination.
     assert {(e.params["length"], c.params["prevent_cse"])
@@ -354,8 +390,8 @@ def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
         (1, True), (2, False), (3, False)}
     chosen.save(tmp_path / "plan.json")
     loaded = autoremat.load_plan(tmp_path / "plan.json", loss, *args)
-    assert (loaded.scan_pieces, loaded.cuts, loaded.saved) == (
-        chosen.scan_pieces, chosen.cuts, chosen.saved)
+    assert (loaded.scan_pieces, loaded.cuts, loaded.saved, loaded.recompute_flops) == (
+        chosen.scan_pieces, chosen.cuts, chosen.saved, chosen.recompute_flops)
     assert "scans split into  1+2+3 iterations" in chosen.report()
 
 
