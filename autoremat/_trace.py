@@ -641,7 +641,9 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
             needed = tuple(sorted(local[_program.value_id(n)] for n in names))
             plain = _program.region_fn(program, region, frozenset(), None)
             flops = _step_flops(plain, _avals(region.inputs, program.avals))
-            facts.residuals[signature] = needed, arg_pos, unplanned, flops, unplanned_fn()
+            with jax_config.remat3(False):  # read like the residuals
+                fixed = unplanned_fn()
+            facts.residuals[signature] = needed, arg_pos, unplanned, flops, fixed
         needed, arg_pos, unplanned, flops, hidden = facts.residuals[signature]
         _warn_unplanned(unplanned, region)
         by_position = {k: v for v, k in local.items()}
@@ -793,13 +795,11 @@ def _unplanned_flops(checkpointed: Callable, plain: Callable,
                      avals: Sequence[jax.ShapeDtypeStruct], eqns: Sequence[Eqn]) -> int:
     """FLOPs JAX recomputes in the backward pass of ``checkpointed`` (region ``eqns``
     saving every name) beyond ``plain`` (the region without checkpoint): what no plan can
-    save. Read with ``jax_remat3`` off, like :func:`_residuals`. Not measured (0) where a
-    debug print or callback would run again: JAX 0.10 fails transposing such a
-    checkpoint alone (``KeyError``)."""
+    save. Not measured (0) where a debug print or callback would run again: JAX 0.10
+    fails transposing such a checkpoint alone (``KeyError``)."""
     if any(e.primitive.name in _REPEATED_ON_RECOMPUTE for e, _ in _nested_eqns(eqns)):
         return 0
-    with jax_config.remat3(False):
-        return max(0, _step_flops(checkpointed, avals) - _step_flops(plain, avals))
+    return max(0, _step_flops(checkpointed, avals) - _step_flops(plain, avals))
 
 
 def _produced(eqns: Sequence[Eqn]) -> list[int]:
