@@ -77,7 +77,9 @@ class Plan:
       peak_bytes: the predicted peak bytes of the whole gradient computation.
       saved_bytes: bytes of residuals kept between the forward and backward pass
         (arguments not included).
-      recompute_flops: FLOPs recomputed in the backward pass.
+      recompute_flops: FLOPs the plan adds to the step: recomputed in the backward pass
+        (what JAX recomputes whatever the plan included), and a split scan's gradient
+        sums (``graph.fixed_flops``).
       step_flops: FLOPs of the forward and backward pass without remat.
       no_remat_peak_bytes: the predicted peak when every value the backward reads is saved.
       status: ``"optimal"``, or ``"feasible"`` when the time limit stopped the solver

@@ -627,14 +627,14 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
     region_infos = []
     needed_across: set[int] = set()
 
-    step_flops = unplanned_flops = 0
+    step_flops = fixed_flops = 0
 
     def mark_needed(make_fn: Callable[[], Callable], input_ids: Sequence[int],
-                    region: Segment, unplanned_fn: Callable[[], int]) -> set[int]:
+                    region: Segment, fixed_fn: Callable[[], int]) -> set[int]:
         """Marks the values the VJP of ``make_fn()`` reads; returns the positions of inputs
         it reads. Repeated layers are asked of JAX once (by their signature), as is what
-        it recomputes saving every name (``unplanned_fn()``)."""
-        nonlocal step_flops, unplanned_flops
+        it recomputes saving every name (``fixed_fn()``)."""
+        nonlocal step_flops, fixed_flops
         signature, local = _signature(region, program.avals, facts.texts)
         if signature not in facts.residuals:
             names, arg_pos, unplanned = _residuals(make_fn(), _avals(input_ids, program.avals))
@@ -642,15 +642,15 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
             plain = _program.region_fn(program, region, frozenset(), None)
             flops = _step_flops(plain, _avals(region.inputs, program.avals))
             with jax_config.remat3(False):  # read like the residuals
-                fixed = unplanned_fn()
+                fixed = fixed_fn()
             facts.residuals[signature] = needed, arg_pos, unplanned, flops, fixed
-        needed, arg_pos, unplanned, flops, hidden = facts.residuals[signature]
+        needed, arg_pos, unplanned, flops, fixed = facts.residuals[signature]
         _warn_unplanned(unplanned, region)
         by_position = {k: v for v, k in local.items()}
         for k in needed:
             records[by_position[k]]["needed"] = True
         step_flops += flops
-        unplanned_flops += hidden
+        fixed_flops += fixed
         return arg_pos
 
     for r in regions:
@@ -658,10 +658,10 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
             named = frozenset(_produced(r.eqns))
             make_fn = lambda r=r, named=named: _program.region_fn(
                 program, r, named, _program.policy_for(named))
-            unplanned_fn = lambda r=r, make_fn=make_fn: _unplanned_flops(
+            fixed_fn = lambda r=r, make_fn=make_fn: _unnamed_recompute_flops(
                 make_fn(), _program.region_fn(program, r, frozenset(), None),
                 _avals(r.inputs, program.avals), r.eqns)
-            arg_pos = mark_needed(make_fn, r.inputs, r, unplanned_fn)
+            arg_pos = mark_needed(make_fn, r.inputs, r, fixed_fn)
             needed_across.update(r.inputs[k] for k in arg_pos)
             barrier_inputs: tuple[int, ...] = ()
             if _program.has_input_barrier(r):
@@ -691,12 +691,12 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         operands = [*body.consts, *body.carry_in, *body.xs_in]
         # Measured in a loop: JAX recomputes values inside a scan's body that it saves
         # when the body is differentiated alone (those of a nested scan).
-        unplanned_fn = lambda body=body, operands=operands, length=length: length * (
-            _unplanned_flops(_scan_step_fn(body, program.consts, in_loop=True),
+        fixed_fn = lambda body=body, operands=operands, length=length: length * (
+            _unnamed_recompute_flops(_scan_step_fn(body, program.consts, in_loop=True),
                              _scan_step_fn(body, program.consts, in_loop=True, named=False),
                              _avals(operands, program.avals), body.eqns))
         arg_pos = mark_needed(lambda body=body: _scan_step_fn(body, program.consts),
-                              operands, r, unplanned_fn)
+                              operands, r, fixed_fn)
         flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
         for k in arg_pos:
             vid = flat_ids[k]
@@ -756,7 +756,7 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         grad_bytes=sum(program.value_bytes(a) for a in program.args
                        if _is_float(program.avals[a])),
         step_flops=step_flops,
-        fixed_flops=unplanned_flops + facts.split_flops,
+        fixed_flops=fixed_flops + facts.split_flops,
         fingerprint=facts.fingerprint,
         layout=program.layout,
         cuts=tuple(cuts),
@@ -791,7 +791,7 @@ def _scan_step_fn(body: ScanBody, consts: Mapping[int, Any], *, in_loop: bool = 
     return fn
 
 
-def _unplanned_flops(checkpointed: Callable, plain: Callable,
+def _unnamed_recompute_flops(checkpointed: Callable, plain: Callable,
                      avals: Sequence[jax.ShapeDtypeStruct], eqns: Sequence[Eqn]) -> int:
     """FLOPs JAX recomputes in the backward pass of ``checkpointed`` (region ``eqns``
     saving every name) beyond ``plain`` (the region without checkpoint): what no plan can
