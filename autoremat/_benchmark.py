@@ -51,7 +51,8 @@ class Row:
       predicted_peak_bytes, predicted_overhead: autoremat's analytic model.
       real_peak_bytes: the compiler's peak (``None`` without a compiler).
       compiler_overhead: FLOPs counted by the compiler, over the no-checkpoint step's.
-      program_overhead: FLOPs of the differentiated jaxpr, over the no-checkpoint step's.
+      program_overhead: FLOPs of the ``value_and_grad`` jaxpr, over the no-checkpoint
+        step's.
       solve_seconds, compile_seconds: wall time planning (closed loop included) and
         compiling.
       status: the plan's solver status, or ``"infeasible"``.

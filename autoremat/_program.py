@@ -386,8 +386,7 @@ def _bind(eqn: Eqn, invals: Sequence[Any], named: Collection[int] = frozenset()
     name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
     with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), \
             eqn.ctx.manager:
-        if eqn.outs and eqn.outs[0] in named and any(isinstance(a, int) for a in eqn.ins) and \
-                _jvp_reads_output(eqn, invals):
+        if eqn.outs and eqn.outs[0] in named and _jvp_reads_output(eqn, invals):
             return [_bind_named_output(eqn.primitive, params, invals,
                                        value_name(eqn.outs[0]))]
         ans = eqn.primitive.bind(*invals, **params)
@@ -401,9 +400,10 @@ def _name(ids: Sequence[int], vals: Sequence[Any], named: Collection[int]) -> li
 def _jvp_reads_output(eqn: Eqn, invals: Sequence[Any]) -> bool:
     """Whether ``eqn``'s JVP reads its output, as ``exp``'s and ``tanh``'s do (rules
     registered with ``ad.defjvp2``; ``convert_element_type``'s reads only its dtype), on
-    inexact inputs (a single output)."""
+    inexact inputs not all literals (an operation on literals alone has no tangent)."""
     rule = ad.primitive_jvps.get(eqn.primitive)
     return (isinstance(rule, functools.partial) and rule.func is ad.standard_jvp2
+            and any(isinstance(a, int) for a in eqn.ins)
             and eqn.primitive is not jax.lax.convert_element_type_p
             and all(jax.numpy.issubdtype(jax.numpy.result_type(x), jax.numpy.inexact)
                     for x in invals))

@@ -158,7 +158,8 @@ def _origin(var: Any, producer: dict) -> tuple[str | None, Any]:
 
 
 def _step_flops(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
-    """FLOPs of ``fn``'s forward and backward pass without remat, counted on its jaxpr."""
+    """FLOPs of ``fn``'s forward and backward pass, counted on its jaxpr (dead equations
+    dropped)."""
 
     def step(*args: Any) -> Any:
         out, vjp = jax.vjp(fn, *args)
@@ -630,10 +631,10 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
     step_flops = fixed_flops = 0
 
     def mark_needed(make_fn: Callable[[], Callable], input_ids: Sequence[int],
-                    region: Segment, fixed_fn: Callable[[], int]) -> set[int]:
+                    region: Segment, fixed_fn: Callable[[int], int]) -> set[int]:
         """Marks the values the VJP of ``make_fn()`` reads; returns the positions of inputs
         it reads. Repeated layers are asked of JAX once (by their signature), as is what
-        it recomputes saving every name (``fixed_fn()``)."""
+        it recomputes saving every name (``fixed_fn(the region's plain step FLOPs)``)."""
         nonlocal step_flops, fixed_flops
         signature, local = _signature(region, program.avals, facts.texts)
         if signature not in facts.residuals:
@@ -642,7 +643,7 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
             plain = _program.region_fn(program, region, frozenset(), None)
             flops = _step_flops(plain, _avals(region.inputs, program.avals))
             with jax_config.remat3(False):  # read like the residuals
-                fixed = fixed_fn()
+                fixed = fixed_fn(flops)
             facts.residuals[signature] = needed, arg_pos, unplanned, flops, fixed
         needed, arg_pos, unplanned, flops, fixed = facts.residuals[signature]
         _warn_unplanned(unplanned, region)
@@ -658,9 +659,8 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
             named = frozenset(_produced(r.eqns))
             make_fn = lambda r=r, named=named: _program.region_fn(
                 program, r, named, _program.policy_for(named))
-            fixed_fn = lambda r=r, make_fn=make_fn: _unnamed_recompute_flops(
-                make_fn(), _program.region_fn(program, r, frozenset(), None),
-                _avals(r.inputs, program.avals), r.eqns)
+            fixed_fn = lambda flops, r=r, make_fn=make_fn: _unnamed_recompute_flops(
+                make_fn(), flops, _avals(r.inputs, program.avals), r.eqns)
             arg_pos = mark_needed(make_fn, r.inputs, r, fixed_fn)
             needed_across.update(r.inputs[k] for k in arg_pos)
             barrier_inputs: tuple[int, ...] = ()
@@ -691,10 +691,11 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         operands = [*body.consts, *body.carry_in, *body.xs_in]
         # Measured in a loop: JAX recomputes values inside a scan's body that it saves
         # when the body is differentiated alone (those of a nested scan).
-        fixed_fn = lambda body=body, operands=operands, length=length: length * (
-            _unnamed_recompute_flops(_scan_step_fn(body, program.consts, in_loop=True),
-                             _scan_step_fn(body, program.consts, in_loop=True, named=False),
-                             _avals(operands, program.avals), body.eqns))
+        fixed_fn = lambda _, body=body, operands=operands, length=length: length * (
+            _unnamed_recompute_flops(
+                _scan_step_fn(body, program.consts, in_loop=True),
+                _scan_step_fn(body, program.consts, in_loop=True, named=False),
+                _avals(operands, program.avals), body.eqns))
         arg_pos = mark_needed(lambda body=body: _scan_step_fn(body, program.consts),
                               operands, r, fixed_fn)
         flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
@@ -791,15 +792,17 @@ def _scan_step_fn(body: ScanBody, consts: Mapping[int, Any], *, in_loop: bool = 
     return fn
 
 
-def _unnamed_recompute_flops(checkpointed: Callable, plain: Callable,
-                     avals: Sequence[jax.ShapeDtypeStruct], eqns: Sequence[Eqn]) -> int:
+def _unnamed_recompute_flops(checkpointed: Callable, plain: Callable | int,
+                             avals: Sequence[jax.ShapeDtypeStruct], eqns: Sequence[Eqn]
+                             ) -> int:
     """FLOPs JAX recomputes in the backward pass of ``checkpointed`` (region ``eqns``
-    saving every name) beyond ``plain`` (the region without checkpoint): what no plan can
-    save. Not measured (0) where a debug print or callback would run again: JAX 0.10
-    fails transposing such a checkpoint alone (``KeyError``)."""
+    saving every name) beyond ``plain`` (the region without checkpoint, or its step's
+    FLOPs): what no plan can save. Not measured (0) where a debug print or callback would
+    run again: JAX 0.10 fails transposing such a checkpoint alone (``KeyError``)."""
     if any(e.primitive.name in _REPEATED_ON_RECOMPUTE for e, _ in _nested_eqns(eqns)):
         return 0
-    return max(0, _step_flops(checkpointed, avals) - _step_flops(plain, avals))
+    plain_flops = _step_flops(plain, avals) if callable(plain) else plain
+    return max(0, _step_flops(checkpointed, avals) - plain_flops)
 
 
 def _produced(eqns: Sequence[Eqn]) -> list[int]:

@@ -13,7 +13,7 @@ import pytest
 from autoremat_solvers import policy as policy_model
 
 import autoremat
-from autoremat import _benchmark, _plan, _program, _rewrite, _solve, _trace
+from autoremat import _benchmark, _measure, _plan, _program, _rewrite, _solve, _trace
 from tests.models import MODELS, saved_residuals
 
 
@@ -39,8 +39,7 @@ def _assert_close(expected, actual):
 
 def _recomputed_flops(fn, optimized, args) -> int:
     """FLOPs JAX's gradient of ``optimized`` spends beyond ``fn``'s (dead code dropped)."""
-    argnums = tuple(i for i, a in enumerate(args)
-                    if all(jnp.issubdtype(x.dtype, jnp.inexact) for x in jax.tree.leaves(a)))
+    argnums = _measure.float_argnums(args)
     return (_benchmark.program_flops(optimized, *args, argnums=argnums)
             - _benchmark.program_flops(fn, *args, argnums=argnums))
 
