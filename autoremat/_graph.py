@@ -89,6 +89,9 @@ class Region:
         segments run inside one more checkpoint that keeps only the group's inputs, or a
         nested scan (a group of its own); its values are made again when the group's
         backward starts (:attr:`Value.replayed`).
+      sliced: a scan that slices its scanned inputs itself (a piece of a split scan), in a
+        checkpoint around the loop that makes a loop-invariant value it recomputes once
+        more than the loop's length.
     """
 
     index: int
@@ -101,6 +104,7 @@ class Region:
     group: int = 1
     kept_bytes: int = 0
     nest: int = -1
+    sliced: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,9 +200,12 @@ class Graph:
         return self.nested() | in_group[self.array("region")]
 
     def iterations(self) -> np.ndarray:
-        """How many times each value is computed per step (its region's length)."""
+        """How many times recomputing each value computes it per step: its region's length,
+        once more for a loop-invariant value of a :attr:`Region.sliced` loop."""
         lengths = np.array([r.length for r in self.regions], dtype=np.int64)
-        return lengths[self.array("region")]
+        sliced = np.array([r.sliced and r.length > 1 for r in self.regions], dtype=bool)
+        region = self.array("region")
+        return lengths[region] + (sliced[region] & (self.array("multiplicity") == 1))
 
     def recompute_flops(self) -> np.ndarray:
         """FLOPs of recomputing each value in every iteration of its region."""

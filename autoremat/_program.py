@@ -236,11 +236,14 @@ def split_scans(program: Program, scan_pieces: Sequence[tuple[int, ...]],
 
     Each piece is a region of its own with its own decisions, so a plan can treat some
     iterations of a loop one way and the rest another, as unrolled code can. A piece
-    scans its iteration numbers and reads its iteration's slice of the loop's inputs
-    inside the body: slicing the stacked inputs (the layers' weights) before the loop
-    would copy them, and the copies would live until the backward pass (measured on
-    GPT-2-small scanned, TPU v5e: 162 MiB, the plan at 4.24 GiB then recomputes 1.2%
-    instead of 0.84%). The pieces' results are concatenated.
+    scans its slice of the loop's inputs, sliced in the piece's region (see
+    :func:`split_regions`), so that the backward pass slices the stacked inputs (the
+    layers' weights) again rather than keeping copies, and the gradient of each piece's
+    slice is its own. Measured on GPT-2-small scanned in pieces 1+2+4+5 (TPU v5e): slices
+    made before the region lived to the backward pass (162 MiB); a loop reading its
+    iteration's slice of the whole input summed the gradient in a buffer of the whole
+    input's size, in every piece (3 buffers live at once) and adding it at every iteration
+    (1.0 GFLOP). The pieces' results are concatenated.
     """
     scans = [e for e in program.eqns if e.scan_body is not None]
     pieces_of = {e: p for e, p in zip(scans, scan_pieces) if p}
@@ -265,14 +268,11 @@ def _run_scan_pieces(eqn: Eqn, invals: list, consts: Mapping[int, Any],
                      pieces: Sequence[int]) -> list:
     const_vals, carry, xs = scan_operands(eqn, invals)
     fn = scan_body_fn(eqn.scan_body, consts, frozenset())
-
-    def step(c: list, i: jax.Array) -> tuple[list, list]:
-        return fn(const_vals, c, [jax.lax.dynamic_index_in_dim(x, i, keepdims=False) for x in xs])
-
+    step = lambda c, x: fn(const_vals, c, x)
     ys_pieces, start = [], 0
     for length in pieces:
-        carry, ys = jax.lax.scan(step, carry, jax.lax.iota(np.int32, length) + start,
-                                 unroll=eqn.params["unroll"])
+        part = [jax.lax.slice_in_dim(x, start, start + length) for x in xs]
+        carry, ys = jax.lax.scan(step, carry, part, length=length, unroll=eqn.params["unroll"])
         ys_pieces.append(ys)
         start += length
     return [*carry, *(jax.lax.concatenate(list(ys), 0) for ys in zip(*ys_pieces))]
@@ -329,7 +329,8 @@ def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[i
     """Splits the top-level equations into regions.
 
     ``cuts`` are equation indices where a new segment starts; every top-level scan is a
-    region of its own whatever the cuts. ``scan_groups``: per top-level scan, its
+    region of its own whatever the cuts, with the slices of its scanned inputs made just
+    before it (:func:`scan_input_slices`). ``scan_groups``: per top-level scan, its
     iterations per nested checkpoint (1 or absent: not nested; see :func:`nest_group`).
     ``segment_group``: each run of consecutive segments is nested in groups of that many
     (a last group of one is not nested; 1: none nested), each group's id
@@ -337,9 +338,12 @@ def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[i
     """
     groups: list[tuple[str, list[Eqn]]] = []
     cut_set = set(cuts)
+    slices = scan_input_slices(program)
     for i, eqn in enumerate(program.eqns):
         if eqn.scan_body is not None:
-            groups.append(("scan", [eqn]))
+            groups.append(("scan", [*slices.get(i, ()), eqn]))
+        elif any(eqn in s for s in slices.values()):
+            continue
         elif not groups or groups[-1][0] == "scan" or i in cut_set:
             groups.append(("segment", [eqn]))
         else:
@@ -369,6 +373,31 @@ def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[i
               for run in [list(rs)] for k in range(0, len(run), segment_group)]
     nest = {r.index: chunk[0].index for chunk in chunks if len(chunk) > 1 for r in chunk}
     return tuple(dataclasses.replace(r, nest=nest.get(r.index, -1)) for r in regions)
+
+
+def scan_input_slices(program: Program) -> dict[int, tuple[Eqn, ...]]:
+    """For each top-level scan (by equation index), the ``slice`` equations just before it
+    whose results only it reads, as scanned inputs (those :func:`split_scans` makes). They
+    belong to the scan's region: the region's checkpoint makes them again in the backward
+    pass instead of keeping them."""
+    readers: dict[int, list[tuple[Eqn, bool]]] = {}
+    for e in program.eqns:
+        xs = set(scan_operands(e, e.ins)[2]) if e.scan_body is not None else set()
+        for a in e.ins:
+            if isinstance(a, int):
+                readers.setdefault(a, []).append((e, a in xs))
+    outs = {a for a in program.outs if isinstance(a, int)}
+    found: dict[int, tuple[Eqn, ...]] = {}
+    for i, eqn in enumerate(program.eqns):
+        if eqn.scan_body is None:
+            continue
+        start = i
+        while start > 0 and (e := program.eqns[start - 1]).primitive.name == "slice" and all(
+                o not in outs and readers.get(o) == [(eqn, True)] for o in e.outs):
+            start -= 1
+        if start < i:
+            found[i] = program.eqns[start:i]
+    return found
 
 
 def nest_group(length: int) -> int:
@@ -480,11 +509,13 @@ def _run_eqns(eqns: Sequence[Eqn], env: dict[int, Any], consts: Mapping[int, Any
 
 def scan_body_fn(body: ScanBody, consts: Mapping[int, Any], named: frozenset[int]
                  ) -> Callable[[list, list, list], tuple[list, list]]:
-    """``(consts, carry, xs) -> (carry, ys)`` for one iteration, naming ``named``."""
+    """``(consts, carry, xs) -> (carry, ys)`` for one iteration, naming ``named``, the
+    carry it starts from included (a checkpoint around the loop saves a carry only by its
+    name)."""
 
     def fn(const_vals: list, carry: list, xs: list) -> tuple[list, list]:
         env = dict(zip(body.consts, const_vals))
-        env.update(zip(body.carry_in, carry))
+        env.update(zip(body.carry_in, _name(body.carry_in, carry, named)))
         env.update(zip(body.xs_in, xs))
         _run_eqns(body.eqns, env, consts, named, None)
         return ([_read(a, env, consts) for a in body.carry_out],
@@ -571,7 +602,8 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
     A segment is wrapped in ``jax.checkpoint(policy=policy)``, its inputs behind one
     optimization barrier (none where it holds a ``shard_map``); a scan gets the checkpoint
     on its body (one region per iteration), nested in one per group of iterations where
-    ``region.group > 1``. With ``policy=None`` nothing is wrapped.
+    ``region.group > 1``, and one around the loop where the region slices its inputs.
+    With ``policy=None`` nothing is wrapped.
     """
 
     def fn(*inputs: Any) -> list:
@@ -579,7 +611,7 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
         _run_eqns(region.eqns, env, program.consts, named, policy, region.group)
         return [env[o] for o in region.outputs]
 
-    if policy is None or region.kind == "scan":
+    if policy is None or (region.kind == "scan" and len(region.eqns) == 1):
         return fn
     if not has_input_barrier(region):
         return jax.checkpoint(fn, policy=policy)

@@ -685,17 +685,27 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
                                        cotangents + in_flight[r.index], grad_bytes[r.index],
                                        barrier_inputs, nest=r.nest))
             continue
-        (scan,) = r.eqns
+        *slices, scan = r.eqns
+        for vid in (v for e in slices for v in facts.made[e]):
+            records[vid]["saveable"] = False  # made again in the backward pass
         body, length = scan.scan_body, scan.params["length"]
         outer_consts, _, _ = _program.scan_operands(scan, scan.ins)
         operands = [*body.consts, *body.carry_in, *body.xs_in]
         # Measured in a loop: JAX recomputes values inside a scan's body that it saves
-        # when the body is differentiated alone (those of a nested scan).
+        # when the body is differentiated alone (those of a nested scan). A loop that
+        # slices its inputs is measured whole, in the checkpoint around it (which makes
+        # again what the body computes once for every iteration).
         fixed_fn = lambda _, body=body, operands=operands, length=length: length * (
             _unnamed_recompute_flops(
                 _scan_step_fn(body, program.consts, in_loop=True),
                 _scan_step_fn(body, program.consts, in_loop=True, named=False),
                 _avals(operands, program.avals), body.eqns))
+        if slices:
+            every = frozenset((*_produced(body.eqns), *body.carry_in))
+            fixed_fn = lambda _, r=r, every=every: _unnamed_recompute_flops(
+                _program.region_fn(program, r, every, _program.policy_for(every)),
+                _program.region_fn(program, r, frozenset(), None),
+                _avals(r.inputs, program.avals), r.eqns)
         arg_pos = mark_needed(lambda body=body: _scan_step_fn(body, program.consts),
                               operands, r, fixed_fn)
         flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
@@ -711,12 +721,17 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         cotangents = _cotangent_bytes(body.eqns, kept, cotangent_size, differentiable)
         # The loop sums the gradient of each differentiable constant in a buffer of its
         # size; each later region that reads the constant too made its own, and XLA adds
-        # them up only after the last (measured on TPU v5e: pieces of a split scan of 64 MiB
-        # of stacked weights peak one weights' size above the whole scan; GPT-2-small's
-        # 162 MiB in pieces 1+2+4+5 has three accumulators live in the second piece).
+        # them up only after the last (measured on TPU v5e, with loops reading the stacked
+        # weights of GPT-2-small, 162 MiB, as constants in pieces 1+2+4+5: three
+        # accumulators live in the second piece).
         accumulators = sum(program.value_bytes(c) * sum(k > r.index for k in readers[c])
                            for c in dict.fromkeys(outer_consts)
                            if isinstance(c, int) and c in differentiable)
+        # A loop slicing its inputs holds the slices through its forward pass and makes
+        # them again for its backward pass, where it sums their cotangents.
+        sliced = [o for e in slices for o in e.outs]
+        work += sum(map(program.value_bytes, sliced))
+        accumulators += sum(program.value_bytes(o) * (1 + (o in differentiable)) for o in sliced)
         kept = 0
         if r.group > 1:
             # A group's checkpoint keeps its carry and, to slice its inputs, its group
@@ -734,12 +749,17 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         region_infos.append(Region(r.index, "scan", length, work,
                                    cotangents + accumulators + in_flight[r.index],
                                    grad_bytes[r.index], group=r.group, kept_bytes=kept,
-                                   nest=r.index if r.group > 1 else -1))
+                                   nest=r.index if r.group > 1 else -1, sliced=bool(slices)))
 
-    # An xs slice is a view of the scan's input: reading it holds the whole input.
+    # An xs slice is a view of the scan's input: reading it holds the whole input, kept
+    # from the forward pass unless the scan's region made it.
     for rec in records.values():
         if rec["primitive"] == "xs_in" and rec["needed"]:
-            needed_across.update(rec["inputs"])
+            for vid in rec["inputs"]:
+                if vid in records and records[vid]["region"] == rec["region"]:
+                    records[vid]["needed"] = True
+                else:
+                    needed_across.add(vid)
     # What a nested group of segments hands to regions outside it is kept from the
     # forward, as an output of the group's checkpoint.
     nest_of = [r.nest for r in regions]
