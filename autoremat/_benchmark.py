@@ -123,8 +123,8 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
       target: the compiler to measure with (see :data:`autoremat.TARGETS`); ``None`` for
         the analytic model alone, budgets then spanning the floor to the model's no-remat
         peak.
-      num_budgets: how many budgets, from the analytic floor plan's real peak to the
-        compiler's no-checkpoint peak (the floor plan itself is one more row).
+      num_budgets: how many budgets, from the floor plan's real peak to the compiler's
+        no-checkpoint peak (the floor plan itself is one more row).
       time_limit_s: the planning time limit per plan (per closed-loop round).
       verify: plan with the closed loop (``plan(..., verify=target)``).
       refine_rounds: compiles the closed loop may spend on cheaper plans once one fits
@@ -163,10 +163,12 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
             add(Row("maxtext", preset), model.make_loss(zoo.preset_policy(preset, model)))
 
     nested = {"nested_scans": nested_scans, "nested_segments": nested_segments}
+    # With the closed loop, the floor plan the compiler puts lowest of those the model
+    # puts near its least (see ``plan(budget="floor", verify=...)``).
     lowest = plan(loss, *args, budget="floor", time_limit_s=time_limit_s, layout=layout,
-                  **nested)
+                  verify=target if verify else None, **nested)
     floor = lowest.peak_bytes
-    add(Row("autoremat", "analytic floor", budget_bytes=floor,
+    add(Row("autoremat", "floor", budget_bytes=floor,
             predicted_peak_bytes=lowest.peak_bytes, predicted_overhead=lowest.overhead,
             status=lowest.status, solve_seconds=lowest.solve_seconds), lowest.apply(loss))
     # On the compiler, budgets run from the floor plan's real peak.

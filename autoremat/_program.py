@@ -339,10 +339,11 @@ def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[i
     groups: list[tuple[str, list[Eqn]]] = []
     cut_set = set(cuts)
     slices = scan_input_slices(program)
+    in_scan_region = {j for i, s in slices.items() for j in range(i - len(s), i)}
     for i, eqn in enumerate(program.eqns):
         if eqn.scan_body is not None:
             groups.append(("scan", [*slices.get(i, ()), eqn]))
-        elif any(eqn in s for s in slices.values()):
+        elif i in in_scan_region:
             continue
         elif not groups or groups[-1][0] == "scan" or i in cut_set:
             groups.append(("segment", [eqn]))

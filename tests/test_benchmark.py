@@ -51,7 +51,7 @@ def test_analytic_sweep_of_a_tiny_model_predicts_the_programs_flops():
     assert names == list(_benchmark.BUILTIN_POLICIES)
     assert {r.name for r in sweep.rows if r.kind == "maxtext"} >= {"save_qkv_proj", "minimal"}
     plans = [r for r in sweep.rows if r.kind == "autoremat"]
-    assert plans[0].name == "analytic floor" and len(plans) == 4
+    assert plans[0].name == "floor" and len(plans) == 4
     assert all(r.status in ("optimal", "feasible") for r in plans)
     assert plans[0].budget_bytes == plans[1].budget_bytes == sweep.floor_bytes
     for r in plans:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import autoremat
-from autoremat import _measure
+from autoremat import _measure, _plan, _rewrite
 from autoremat.zoo import gpt2
 
 needs_libtpu = pytest.mark.skipif(
@@ -155,6 +155,19 @@ def test_refined_plan_fits_and_recomputes_no_more_than_the_first_that_fit():
     assert refined.verified_peak_bytes == _measure.measure_step(refined.apply(loss),
                                                                 *args).peak_bytes < high
     assert refined.recompute_flops <= first.recompute_flops
+
+
+@needs_libtpu
+def test_verified_floor_is_the_lowest_on_the_compiler_of_the_floor_plans_near_the_model_floor():
+    loss, args = _bf16_tiny_gpt2()
+    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
+    floors = _plan.floor_plans_flat(flat_fn, avals, _plan._MODEL_ERROR)
+    assert len(floors) > 1  # two placements within the model's error of its floor
+    assert floors[0].saved == autoremat.plan(loss, *args, budget="floor").saved
+    real = [_measure.measure_step(f.apply(loss), *args).peak_bytes for f in floors]
+    p = autoremat.plan(loss, *args, budget="floor", verify="tpu-v5e")
+    assert p.verified_peak_bytes == min(real) == _measure.measure_step(
+        p.apply(loss), *args).peak_bytes <= p.budget_bytes
 
 
 @needs_libtpu
