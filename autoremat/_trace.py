@@ -693,19 +693,19 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         operands = [*body.consts, *body.carry_in, *body.xs_in]
         # Measured in a loop: JAX recomputes values inside a scan's body that it saves
         # when the body is differentiated alone (those of a nested scan). A loop that
-        # slices its inputs is measured whole, in the checkpoint around it (which makes
-        # again what the body computes once for every iteration).
-        fixed_fn = lambda _, body=body, operands=operands, length=length: length * (
-            _unnamed_recompute_flops(
-                _scan_step_fn(body, program.consts, in_loop=True),
-                _scan_step_fn(body, program.consts, in_loop=True, named=False),
-                _avals(operands, program.avals), body.eqns))
+        # slices its inputs is measured whole, in the checkpoint around it.
         if slices:
             every = frozenset((*_produced(body.eqns), *body.carry_in))
             fixed_fn = lambda _, r=r, every=every: _unnamed_recompute_flops(
                 _program.region_fn(program, r, every, _program.policy_for(every)),
                 _program.region_fn(program, r, frozenset(), None),
                 _avals(r.inputs, program.avals), r.eqns)
+        else:
+            fixed_fn = lambda _, body=body, operands=operands, length=length: length * (
+                _unnamed_recompute_flops(
+                    _scan_step_fn(body, program.consts, in_loop=True),
+                    _scan_step_fn(body, program.consts, in_loop=True, named=False),
+                    _avals(operands, program.avals), body.eqns))
         arg_pos = mark_needed(lambda body=body: _scan_step_fn(body, program.consts),
                               operands, r, fixed_fn)
         flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
