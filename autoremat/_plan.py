@@ -522,9 +522,10 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         below one checkpoint per iteration at the cost of one more forward pass of the
         loop, so it is chosen only where every plan without it recomputes more (below
         the floor of one checkpoint per iteration, in practice). Off by default: on the
-        TPU v5e compiler it lowers GPT-2-small scanned's floor to 1340 MiB (from 1419,
-        ``nothing_saveable``'s too; the model says 1395) but not the Llama-style
-        model's (1611 MiB against 1569 without; the model says 1549, and over-predicts
+        TPU v5e compiler it lowers GPT-2-small scanned's floor to 1340 MiB (from 1371
+        without, split in pieces; ``nothing_saveable`` 1419; the model says 1395 against
+        1351 without, so only ``budget="floor"`` with ``verify`` finds it) but not the
+        Llama-style model's (1611 MiB against 1569 without; the model says 1549, and over-predicts
         the floor without nesting); use it with ``verify``.
       nested_segments: also consider the finest placement's segments nested: consecutive
         segments in groups of about sqrt(their number), each group in one more
