@@ -6,7 +6,9 @@ For each model, the ``budget="floor"`` plan without nesting and with it
 (TPU v5e, ahead of time) and recompute overhead (FLOPs of the differentiated jaxpr over no
 remat's).
 
-Usage: ``python bench/nested.py [--out bench/results]``; set ``AUTOREMAT_MEASURE_CACHE`` to
+Usage: ``python bench/nested.py [--verify] [--out bench/results]`` (``--verify``: the
+floor plans with ``verify="tpu-v5e"``, the lowest on the compiler of those the model puts
+within 10% of its floor); set ``AUTOREMAT_MEASURE_CACHE`` to
 reuse compiles. Writes ``nested.md`` and ``nested.json``.
 """
 
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import shlex
+import sys
 
 import jax
 
@@ -29,7 +33,9 @@ CASES = [("gpt2-small-scan", "dense", "nested_scans"), ("llama", "dense", "neste
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
-    out = parser.parse_args().out
+    parser.add_argument("--verify", action="store_true")
+    options = parser.parse_args()
+    out, verify = options.out, "tpu-v5e" if options.verify else None
     rows = []
     for name, layout, option in CASES:
         model = zoo.get(name)
@@ -41,10 +47,12 @@ def main() -> None:
                      "real_peak_bytes": _measure.measure_step(builtin, *args).peak_bytes,
                      "overhead": _benchmark.program_flops(builtin, *args) / base - 1})
         for nested in (False, True):
-            p = autoremat.plan(loss, *args, budget="floor", layout=layout, **{option: nested})
+            p = autoremat.plan(loss, *args, budget="floor", layout=layout, verify=verify,
+                               **{option: nested})
             fn = p.apply(loss)
             rows.append({"model": name,
-                         "plan": f"floor, layout={layout}" + (f", {option}=True" if nested else ""),
+                         "plan": f"floor, layout={layout}" + (f", {option}=True" if nested else "")
+                         + (", verify" if verify else ""),
                          "placement": {"scan_groups": p.scan_groups,
                                        "segment_group": p.segment_group},
                          "predicted_peak_bytes": p.peak_bytes,
@@ -55,7 +63,8 @@ def main() -> None:
                   f"{r['overhead']:+.2%}", flush=True)
     lines = ["# Floors with nested regions (TPU v5e)", "",
              __doc__.split("\n\n", 1)[1].split("\nUsage")[0].strip(), "",
-             f"Made with `python bench/nested.py`; versions: {json.dumps(_benchmark.versions())}.",
+             (f"Made with `{shlex.join(['python', *sys.argv])}`; versions: "
+              f"{json.dumps(_benchmark.versions())}."),
              "", "| model | plan | predicted peak MiB | real peak MiB | overhead |",
              "|---|---|---|---|---|"]
     for r in rows:
