@@ -295,15 +295,16 @@ def _floor_plans(candidates: Sequence[Candidate], share: Callable[[int], float],
                                  "time_limit_s.")
     chosen = [(peak, k) for peak, k in found if peak <= found[0][0] * (1 + within)]
     plans = []
-    for peak, k in chosen:
+    for i, (peak, k) in enumerate(chosen):
+        left = 2 * (len(chosen) - i)  # solves left: two per floor plan
         graph, problem, floor = lowest[k]
         unpacked = dataclasses.replace(problem, unshared=None)
-        low = policy_model.solve_min_peak(unpacked, time_limit_s=share(2 * len(chosen)))
-        result = policy_model.solve(unpacked, low.peak, time_limit_s=share(2 * len(chosen)))
+        low = policy_model.solve_min_peak(unpacked, time_limit_s=share(left))
+        result = policy_model.solve(unpacked, low.peak, time_limit_s=share(left - 1))
         solves = [r for _, _, r in lowest] + [low, result]
         if result.save is None or policy_model.evaluate(
                 problem, result.save, result.recompute, result.offload)[1] > peak:
-            result = policy_model.solve(problem, peak, time_limit_s=share(len(chosen)))
+            result = policy_model.solve(problem, peak, time_limit_s=share(left - 1))
             solves.append(result)
         if result.save is None:  # the time limit stopped both: the least-peak plan stands
             result = floor

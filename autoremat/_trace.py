@@ -654,14 +654,20 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         fixed_flops += fixed
         return arg_pos
 
+    def named_region_fn(r: Segment, named: frozenset[int]) -> Callable:
+        return _program.region_fn(program, r, named, _program.policy_for(named))
+
+    def whole_region_fixed_fn(r: Segment, named: frozenset[int]) -> Callable[[int], int]:
+        """What JAX recomputes in ``r`` saving every name in ``named``, beyond the region's
+        plain step FLOPs."""
+        return lambda flops: _unnamed_recompute_flops(
+            named_region_fn(r, named), flops, _avals(r.inputs, program.avals), r.eqns)
+
     for r in regions:
         if r.kind == "segment":
             named = frozenset(_produced(r.eqns))
-            make_fn = lambda r=r, named=named: _program.region_fn(
-                program, r, named, _program.policy_for(named))
-            fixed_fn = lambda flops, r=r, make_fn=make_fn: _unnamed_recompute_flops(
-                make_fn(), flops, _avals(r.inputs, program.avals), r.eqns)
-            arg_pos = mark_needed(make_fn, r.inputs, r, fixed_fn)
+            make_fn = lambda r=r, named=named: named_region_fn(r, named)
+            arg_pos = mark_needed(make_fn, r.inputs, r, whole_region_fixed_fn(r, named))
             needed_across.update(r.inputs[k] for k in arg_pos)
             barrier_inputs: tuple[int, ...] = ()
             if _program.has_input_barrier(r):
@@ -695,11 +701,8 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         # when the body is differentiated alone (those of a nested scan). A loop that
         # slices its inputs is measured whole, in the checkpoint around it.
         if slices:
-            every = frozenset((*_produced(body.eqns), *body.carry_in))
-            fixed_fn = lambda _, r=r, every=every: _unnamed_recompute_flops(
-                _program.region_fn(program, r, every, _program.policy_for(every)),
-                _program.region_fn(program, r, frozenset(), None),
-                _avals(r.inputs, program.avals), r.eqns)
+            fixed_fn = whole_region_fixed_fn(
+                r, frozenset((*_produced(body.eqns), *body.carry_in)))
         else:
             fixed_fn = lambda _, body=body, operands=operands, length=length: length * (
                 _unnamed_recompute_flops(
