@@ -1,0 +1,78 @@
+"""Plan digests of every zoo ``-tiny`` model at three budgets, frozen before a refactor.
+
+The digests in ``tests/golden/plans.json`` were written by this module's ``__main__`` on
+the code before the redesign; the test checks the current code gives the same plans:
+the saved set, the placement, the predicted peak and the recompute.
+Regenerate (only when a change of plans is intended) with ``python -m tests.test_golden``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import pathlib
+
+import pytest
+
+import autoremat
+from autoremat import zoo
+
+GOLDEN = pathlib.Path(__file__).parent / "golden" / "plans.json"
+MODELS = sorted(name for name in zoo.ZOO if name.endswith("-tiny"))
+# The floor, and a third and two thirds of the way from the floor to no remat.
+BUDGETS = ("floor", "1/3", "2/3")
+# Nested placements, off by default: (model, option) pairs planned at every budget too.
+NESTED = (("gpt2-small-scan-tiny", "nested_scans"), ("unet-tiny", "nested_segments"),
+          ("llama-unrolled-tiny", "nested_segments"))
+CASES = [(m, b, "") for m in MODELS for b in BUDGETS] + [
+    (m, b, option) for m, option in NESTED for b in BUDGETS]
+
+
+@functools.cache
+def _plan(model: str, budget: str | int, option: str) -> autoremat.Plan:
+    m = zoo.get(model)
+    options = {option: True} if option else {}
+    return autoremat.plan(m.make_loss(), m.param_shapes(), m.batch_shapes(), budget=budget,
+                          **options)
+
+
+def digest(model: str, budget: str, option: str = "") -> dict:
+    """What identifies the plan for ``model`` at ``budget`` (with ``option`` on)."""
+    p = _plan(model, "floor", option)
+    if budget != "floor":
+        share = {"1/3": 1 / 3, "2/3": 2 / 3}[budget]
+        p = _plan(model, p.peak_bytes + int(share * (p.no_remat_peak_bytes - p.peak_bytes)),
+                  option)
+    saved = ",".join(map(str, sorted(p.saved)))
+    return {
+        "saved": hashlib.sha256(saved.encode()).hexdigest()[:16],
+        "num_saved": len(p.saved),
+        "placement": placement_of(p),
+        "peak_bytes": p.peak_bytes,
+        "recompute_flops": p.recompute_flops,
+    }
+
+
+def placement_of(p: autoremat.Plan) -> dict:
+    """The placement as plain JSON, whichever way the plan spells it."""
+    placement = getattr(p, "placement", None)
+    if placement is not None:
+        p = placement
+    return {"cuts": list(p.cuts), "scan_pieces": [list(x) for x in p.scan_pieces],
+            "scan_groups": list(p.scan_groups), "segment_group": p.segment_group}
+
+
+def _key(model: str, budget: str, option: str) -> str:
+    return f"{model}@{budget}" + (f"+{option}" if option else "")
+
+
+@pytest.mark.parametrize(("model", "budget", "option"), CASES, ids=[_key(*c) for c in CASES])
+def test_plan_unchanged(model, budget, option):
+    expected = json.loads(GOLDEN.read_text())[_key(model, budget, option)]
+    assert digest(model, budget, option) == expected
+
+
+if __name__ == "__main__":
+    GOLDEN.write_text(json.dumps({_key(*c): digest(*c) for c in CASES},
+                                 indent=1, sort_keys=True) + "\n")
