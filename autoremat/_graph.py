@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from autoremat._layout import Layout
+from autoremat._placement import Placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,18 +121,10 @@ class Graph:
       fingerprint: a digest of the program's structure, to check a plan is applied to
         the function it was made for.
       layout: how the values' bytes were counted (see :mod:`autoremat._layout`).
-      cuts: the placement: indices of the top-level equations that start a new region of
-        unrolled code (scans are regions of their own).
+      placement: where its regions are (equation indices are those of the program with
+        its scans split).
       largest_grad_bytes: bytes of the largest argument gradient (the largest of the
         compiler's output buffers).
-      scan_pieces: the rest of the placement: the iterations of the pieces each top-level
-        scan is split into (``()`` for a scan left whole; see
-        :func:`autoremat._program.split_scans`); equation indices are those of the split
-        program.
-      scan_groups: and the iterations per nested checkpoint of each top-level scan (``()``
-        or 1: not nested; see :attr:`Region.group`).
-      segment_group: and the segments per nested group (1: none; see
-        :func:`autoremat._program.split_regions`).
       fixed_flops: FLOPs every plan on this graph adds to the step whatever it decides:
         what JAX recomputes that no name reaches (values inside a nested loop or a
         ``cond``, made by a custom differentiation rule, or from literals; asked of JAX
@@ -144,12 +137,9 @@ class Graph:
     grad_bytes: int
     step_flops: int
     fingerprint: str
-    cuts: tuple[int, ...]
-    scan_pieces: tuple[tuple[int, ...], ...] = ()
+    placement: Placement
     largest_grad_bytes: int = 0
     layout: Layout = "dense"
-    scan_groups: tuple[int, ...] = ()
-    segment_group: int = 1
     fixed_flops: int = 0
 
     def array(self, field: str, dtype: type = np.int64) -> np.ndarray:

@@ -32,6 +32,7 @@ from autoremat._graph import Graph
 from autoremat._layout import Layout
 from autoremat._offload import OffloadConfig, offload_problem
 from autoremat._op_times import OpTimes
+from autoremat._placement import Placement
 
 
 class InfeasibleBudgetError(ValueError):
@@ -58,13 +59,8 @@ _VERIFY_MARGIN = 2**20
 # placements whose model floor is within it of the least are compiled.
 _MODEL_ERROR = 0.1
 
-# A placement: how top-level scans are split (``Plan.scan_pieces``), the region cuts, and
-# how top-level scans are nested (``Plan.scan_groups``), and segments
-# (``Plan.segment_group``).
-Placement = tuple[tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...], int]
-# A candidate placement: the program (whole, or with its scans split), cuts, scan groups,
-# segment group.
-Candidate = tuple[_trace.ProgramFacts, tuple[int, ...], tuple[int, ...], int]
+# A candidate placement and the program it is traced on (whole, or with its scans split).
+Candidate = tuple[_trace.ProgramFacts, Placement]
 
 
 class SolverTimeoutError(RuntimeError):
@@ -90,17 +86,7 @@ class Plan:
       status: ``"optimal"``, or ``"feasible"`` when the time limit stopped the solver
         (see ``gap``).
       gap: relative gap between the plan's recompute cost and the solver's lower bound.
-      cuts: the placement: indices of the top-level equations of the traced program that
-        start a new remat region (see :func:`autoremat._trace.placements`).
-      scan_pieces: the rest of the placement: the iterations of the pieces each top-level
-        scan runs as (``()``: left whole), each piece with its own decisions.
-      scan_groups: and the iterations per nested checkpoint of each top-level scan
-        (``()`` or 1: not nested): a nested scan keeps only its carry at the start of each
-        group until the backward, which runs the group's forward again (its decisions
-        then saving for that group alone) before the group's backward.
-      segment_group: and the segments per nested group of consecutive segments (1: none
-        nested): each group runs in one more checkpoint that keeps only its inputs, its
-        forward run again when its backward starts.
+      placement: where the remat regions are (:class:`autoremat.Placement`).
       solve_seconds: time spent in the solver.
       verified_peak_bytes: the real compiler's peak for the step, when the plan was made
         with ``verify`` (``None`` otherwise).
@@ -124,7 +110,7 @@ class Plan:
     no_remat_peak_bytes: int
     status: str
     gap: float
-    cuts: tuple[int, ...]
+    placement: Placement
     solve_seconds: float = dataclasses.field(compare=False)
     graph: Graph = dataclasses.field(compare=False, repr=False)
     verified_peak_bytes: int | None = None
@@ -133,10 +119,7 @@ class Plan:
     offloaded_bytes: int = 0
     offload_flops: int = 0
     offload: OffloadConfig | None = None
-    scan_pieces: tuple[tuple[int, ...], ...] = ()
     layout: Layout = "dense"
-    scan_groups: tuple[int, ...] = ()
-    segment_group: int = 1
 
     @property
     def overhead(self) -> float:
@@ -165,9 +148,8 @@ class Plan:
           PlanMismatchError: when called with arguments whose program differs from the one
             the plan was made for.
         """
-        return _rewrite.rewrite(fn, self.saved, self.graph.fingerprint, self.cuts,
-                                self.offloaded, self.scan_pieces, self.scan_groups,
-                                self.segment_group)
+        return _rewrite.rewrite(fn, self.saved, self.graph.fingerprint, self.placement,
+                                self.offloaded)
 
     def report(self, max_rows: int = 40) -> str:
         """A readable table of the plan's decisions, largest first, with its totals."""
@@ -225,11 +207,6 @@ def _resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
     return graph.fixed_bytes + int(parsed * (no_remat_peak - graph.fixed_bytes))
 
 
-def _placement(of: Graph | Plan) -> Placement:
-    """The placement a graph was traced with, or a plan made with."""
-    return of.scan_pieces, tuple(of.cuts), of.scan_groups, of.segment_group
-
-
 def _lower_bound(problem: policy_model.PolicyProblem) -> int:
     """A peak no plan goes below: what every plan holds (the values it must save and the
     bytes in use whatever the plan), nothing recomputed."""
@@ -253,8 +230,8 @@ def solver_share(time_limit_s: float, elapsed_s: float, left: int, placements: i
 def _problem_of(candidate: Candidate, op_times: OpTimes | None, offload: OffloadConfig | None
                 ) -> tuple[Graph, policy_model.PolicyProblem]:
     """The graph of one placement and its save/recompute (and offload) problem."""
-    facts, cuts, scan_groups, segment_group = candidate
-    _, graph = _trace.graph_of(facts.program, cuts, facts, scan_groups, segment_group)
+    facts, placement = candidate
+    _, graph = _trace.graph_of(facts.program, placement, facts)
     problem = _solve.to_problem(graph, op_times)
     if offload is not None:
         problem = offload_problem(graph, problem, offload)
@@ -268,11 +245,9 @@ def _plan_of(graph: Graph, d: _solve.Decisions, budget_bytes: int, no_remat_peak
                 peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
                 recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
                 no_remat_peak_bytes=no_remat_peak, status=d.status, gap=d.gap,
-                cuts=graph.cuts, solve_seconds=d.solve_seconds, graph=graph,
+                placement=graph.placement, solve_seconds=d.solve_seconds, graph=graph,
                 offloaded=d.offloaded, offloaded_bytes=d.offloaded_bytes,
-                offload_flops=d.offload_flops, offload=offload, scan_pieces=graph.scan_pieces,
-                layout=graph.layout, scan_groups=graph.scan_groups,
-                segment_group=graph.segment_group)
+                offload_flops=d.offload_flops, offload=offload, layout=graph.layout)
 
 
 def _floor_plans(candidates: Sequence[Candidate], share: Callable[[int], float],
@@ -330,16 +305,18 @@ def _candidates(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], layout
         programs.append(_trace.split_program(program, avals, pieces))
     facts = [_trace.program_facts(p, split_from=None if p is program else program)
              for p in programs]
-    candidates: list[Candidate] = [(f, cuts, (), 1) for f in facts
-                                   for cuts in _trace.placements(f.program)]
-    finest = _trace.segment_cuts(program)
+    candidates: list[Candidate] = [
+        (f, Placement(cuts, f.program.scan_pieces)) for f in facts
+        for cuts in _trace.candidate_cuts(f.program)]
+    finest = Placement(_trace.segment_cuts(program))
     groups = _program.scan_groups_of(program)
     if nested_scans and max(groups, default=1) > 1:
-        candidates.append((facts[0], finest, groups, 1))
+        candidates.append((facts[0], dataclasses.replace(finest, scan_groups=groups)))
     if nested_segments:
         segments = sum(r.kind == "segment" for r in _program.split_regions(program, finest))
         if segments >= 4:
-            candidates.append((facts[0], finest, (), round(math.sqrt(segments))))
+            candidates.append((facts[0], dataclasses.replace(
+                finest, segment_group=round(math.sqrt(segments)))))
     return candidates
 
 
@@ -399,7 +376,7 @@ def plan_flat(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], budget: 
         baseline = _solve.no_remat(graph, problem)
         if k == 0:
             budget_bytes = _resolve_budget(budget, graph, baseline.peak_bytes)
-        margin = (margins or {}).get(_placement(graph), default_margin)
+        margin = (margins or {}).get(graph.placement, default_margin)
         replay = _solve.replay_cost(graph, problem)
         if budget_bytes - margin >= baseline.peak_bytes:
             # Saving everything fits, and recomputes nothing that can be saved: optimal.
@@ -613,7 +590,7 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
                                             ) from None
         else:
             target_bytes = target_bytes or result.budget_bytes
-            decided = (_placement(result), result.saved, result.recomputed, result.offloaded)
+            decided = (result.placement, result.saved, result.recomputed, result.offloaded)
             if best is not None and (decided in compiled or
                                      _recompute_cost(result) >= _recompute_cost(best)):
                 break  # nothing cheaper left to try
@@ -624,7 +601,7 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         else:
             refines += 1
         lowest_real = min(peak, lowest_real or peak)
-        key = _placement(result)
+        key = result.placement
         errors[key] = max(errors.get(key, peak - result.peak_bytes), peak - result.peak_bytes)
         if peak <= target_bytes:
             if best is None or _recompute_cost(result) < _recompute_cost(best):
@@ -738,8 +715,7 @@ def load_plan(path: str | os.PathLike, fn: Callable, *args: Any, **kwargs: Any) 
     """
     policy = _policy_file.PolicyFile.read(path)
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
-    _, _, graph = _trace.trace(flat_fn, avals, policy.cuts, policy.scan_pieces, policy.layout,
-                               policy.scan_groups, policy.segment_group)
+    _, _, graph = _trace.trace(flat_fn, avals, policy.placement, policy.layout)
     d = policy.match(graph, where=os.fspath(path))
     no_remat = _solve.no_remat(graph, _solve.to_problem(graph)).peak_bytes
     return dataclasses.replace(_plan_of(graph, d, policy.budget_bytes, no_remat, policy.offload),

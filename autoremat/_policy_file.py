@@ -13,25 +13,26 @@ enough to print the plan's report without the function. Loading (see
 :func:`autoremat.load_plan`) re-traces the function, finds every decision's values,
 checks that together they are a valid plan, and recomputes the predicted figures.
 
-Format (version 1; :data:`SCHEMA` is the JSON Schema)::
+Format (version 2; :data:`SCHEMA` is the JSON Schema)::
 
-    {"format": "autoremat.policy", "version": 1,
+    {"format": "autoremat.policy", "version": 2,
      "producer": {"autoremat": "0.1.0", "jax": "0.10.2"},
      "plan": {"budget_bytes", "peak_bytes", "saved_bytes", "recompute_flops",
               "no_remat_peak_bytes", "step_flops", "status", "gap", "solve_seconds",
               "objective", "target", "verified_peak_bytes"},
      "program": {"fingerprint", "arg_bytes", "grad_bytes",
-                 "cuts": [equation index, ...],
-                 "scan_pieces": [[iterations, ...] per top-level scan] (optional),
-                 "scan_groups": [iterations per nested checkpoint, per top-level scan]
-                                (optional, none nested when absent),
-                 "segment_group": segments per nested group (optional, 1 when absent),
-                 "layout": "dense" or "tpu" (optional, "dense" when absent),
+                 "placement": {"cuts", "scan_pieces", "scan_groups", "segment_group"}
+                              (autoremat.Placement, absent fields at their defaults),
+                 "layout": "dense" or "tpu",
                  "regions": [{"kind", "length", "values"}, ...]},
      "offload": null or {"host_budget", "target", "overlap", "host_bandwidth",
                  "peak_flops", "regions", "scan_buffers"} (autoremat.OffloadConfig),
      "decisions": [{"action", "source", "primitive", "shape", "dtype", "nbytes",
                     "multiplicity", "recompute_flops", "occurrences", "of"}, ...]}
+
+Version 1 files still load: their ``program`` holds the placement's fields itself
+(``cuts``, and optionally ``scan_pieces``, ``scan_groups``, ``segment_group``), and
+``layout`` is optional.
 """
 
 from __future__ import annotations
@@ -50,17 +51,18 @@ import numpy as np
 from autoremat_solvers import policy as policy_model
 from autoremat_solvers.milp import MilpStatus
 
-from autoremat import _solve
+from autoremat import _placement, _solve
 from autoremat._graph import Graph, Value
 from autoremat._layout import LAYOUTS, Layout
 from autoremat._offload import OffloadConfig, offload_problem
+from autoremat._placement import Placement
 from autoremat._rewrite import PlanMismatchError
 
 if TYPE_CHECKING:
     from autoremat._plan import Plan
 
 FORMAT = "autoremat.policy"
-VERSION = 1
+VERSION = 2
 # What the solver minimized.
 OBJECTIVE = "min_recompute_flops"
 
@@ -75,77 +77,81 @@ def _record(properties: Mapping[str, Any], optional: Mapping[str, Any] | None = 
             "required": list(properties), "additionalProperties": False}
 
 
-SCHEMA: dict[str, Any] = {
-    "$id": f"urn:autoremat:policy:{VERSION}",
-    "title": f"autoremat policy file, version {VERSION}",
-    **_record({
-        "format": {"const": FORMAT},
-        "version": {"const": VERSION},
-        "producer": _record({"autoremat": _TEXT, "jax": _TEXT}),
-        "plan": _record({
-            "budget_bytes": _POSITIVE,
-            "peak_bytes": _COUNT,
-            "saved_bytes": _COUNT,
-            "recompute_flops": _COUNT,
-            "no_remat_peak_bytes": _COUNT,
-            "step_flops": _COUNT,
-            "status": {"enum": ["optimal", "feasible"]},
-            "gap": {"type": "number", "minimum": 0},
-            "solve_seconds": {"type": "number", "minimum": 0},
-            "objective": _TEXT,
-            "target": {"type": ["string", "null"], "minLength": 1},
-            "verified_peak_bytes": {"type": ["integer", "null"], "minimum": 0},
-        }),
-        "program": _record({
-            "fingerprint": _TEXT,
-            "arg_bytes": _COUNT,
-            "grad_bytes": _COUNT,
-            "cuts": {"type": "array", "items": _COUNT},
-            "regions": {"type": "array", "items": _record({
-                "kind": {"enum": ["segment", "scan"]},
-                "length": _POSITIVE,
-                "values": _COUNT,
-            })},
-        }, optional={
-            # Absent in files from before scans could be split: every scan whole.
-            "scan_pieces": {"type": "array", "items": {"type": "array", "items": _POSITIVE}},
-            # Absent in files from before layouts: dense.
-            "layout": {"enum": list(LAYOUTS)},
-            # Absent in files from before nested scans: none nested.
-            "scan_groups": {"type": "array", "items": _POSITIVE},
-            "segment_group": _POSITIVE,
-        }),
-        "offload": {"oneOf": [{"type": "null"}, _record({
-            "host_budget": _POSITIVE,
-            "target": _TEXT,
-            "overlap": {"type": "number", "minimum": 0, "maximum": 1},
-            "host_bandwidth": {"type": ["number", "null"], "exclusiveMinimum": 0},
-            "peak_flops": {"type": ["number", "null"], "exclusiveMinimum": 0},
-            "regions": {"enum": ["scan", "all"]},
-            "scan_buffers": _POSITIVE,
-        })]},
-        "decisions": {"type": "array", "items": _record({
-            "action": {"enum": ["save", "recompute", "offload"]},
-            "source": _TEXT,
-            "primitive": _TEXT,
-            "shape": {"type": "array", "items": _COUNT},
-            "dtype": _TEXT,
-            "nbytes": _COUNT,
-            "multiplicity": _POSITIVE,
-            "recompute_flops": _COUNT,
-            "occurrences": {
-                "description": "'all' or a list of distinct occurrence numbers",
-                "oneOf": [
-                    {"const": "all"},
-                    {"type": "array", "items": _COUNT, "minItems": 1, "uniqueItems": True},
-                ],
-            },
-            "of": _POSITIVE,
-        })},
-    }),
-}
+def _program_record(version: int) -> dict[str, Any]:
+    """The schema of a file's ``program`` in format ``version``."""
+    common = {"fingerprint": _TEXT, "arg_bytes": _COUNT, "grad_bytes": _COUNT,
+              "regions": {"type": "array", "items": _record({
+                  "kind": {"enum": ["segment", "scan"]},
+                  "length": _POSITIVE,
+                  "values": _COUNT,
+              })}}
+    if version == 1:
+        placement = _placement.SCHEMA["properties"]
+        return _record({**common, "cuts": placement["cuts"]}, optional={
+            "scan_pieces": placement["scan_pieces"], "scan_groups": placement["scan_groups"],
+            "segment_group": placement["segment_group"], "layout": {"enum": list(LAYOUTS)}})
+    return _record({**common, "placement": _placement.SCHEMA,
+                    "layout": {"enum": list(LAYOUTS)}})
 
-_VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+def _schema(version: int) -> dict[str, Any]:
+    """The JSON Schema of a policy file in format ``version``."""
+    return {
+        "$id": f"urn:autoremat:policy:{version}",
+        "title": f"autoremat policy file, version {version}",
+        **_record({
+            "format": {"const": FORMAT},
+            "version": {"const": version},
+            "producer": _record({"autoremat": _TEXT, "jax": _TEXT}),
+            "plan": _record({
+                "budget_bytes": _POSITIVE,
+                "peak_bytes": _COUNT,
+                "saved_bytes": _COUNT,
+                "recompute_flops": _COUNT,
+                "no_remat_peak_bytes": _COUNT,
+                "step_flops": _COUNT,
+                "status": {"enum": ["optimal", "feasible"]},
+                "gap": {"type": "number", "minimum": 0},
+                "solve_seconds": {"type": "number", "minimum": 0},
+                "objective": _TEXT,
+                "target": {"type": ["string", "null"], "minLength": 1},
+                "verified_peak_bytes": {"type": ["integer", "null"], "minimum": 0},
+            }),
+            "program": _program_record(version),
+            "offload": {"oneOf": [{"type": "null"}, _record({
+                "host_budget": _POSITIVE,
+                "target": _TEXT,
+                "overlap": {"type": "number", "minimum": 0, "maximum": 1},
+                "host_bandwidth": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                "peak_flops": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                "regions": {"enum": ["scan", "all"]},
+                "scan_buffers": _POSITIVE,
+            })]},
+            "decisions": {"type": "array", "items": _record({
+                "action": {"enum": ["save", "recompute", "offload"]},
+                "source": _TEXT,
+                "primitive": _TEXT,
+                "shape": {"type": "array", "items": _COUNT},
+                "dtype": _TEXT,
+                "nbytes": _COUNT,
+                "multiplicity": _POSITIVE,
+                "recompute_flops": _COUNT,
+                "occurrences": {
+                    "description": "'all' or a list of distinct occurrence numbers",
+                    "oneOf": [
+                        {"const": "all"},
+                        {"type": "array", "items": _COUNT, "minItems": 1, "uniqueItems": True},
+                    ],
+                },
+                "of": _POSITIVE,
+            })},
+        }),
+    }
+
+
+SCHEMA = _schema(VERSION)
+# The format versions this autoremat reads, with their validators.
+_VALIDATORS = {v: jsonschema.Draft202012Validator(_schema(v)) for v in (1, VERSION)}
 # Differences listed in a mismatch error before the rest are counted.
 _MAX_LISTED = 20
 
@@ -263,11 +269,7 @@ class PolicyFile:
         step_flops, status, gap, solve_seconds: as in :class:`autoremat.Plan`.
       fingerprint: the program's structure digest (``Graph.fingerprint``).
       arg_bytes, grad_bytes: bytes of the arguments and of their gradients.
-      cuts: the placement (``Plan.cuts``): the equations that start a region.
-      scan_pieces: the rest of the placement (``Plan.scan_pieces``): how top-level scans
-        are split.
-      scan_groups: and how they are nested (``Plan.scan_groups``).
-      segment_group: segments per nested group (``Plan.segment_group``).
+      placement: where the program's regions are (``Plan.placement``).
       regions: the program's remat regions, in program order.
       decisions: every save, recompute and offload, in program order of their first value.
       offload: the offload configuration the plan was made with, or ``None``.
@@ -291,14 +293,11 @@ class PolicyFile:
     fingerprint: str
     arg_bytes: int
     grad_bytes: int
-    cuts: tuple[int, ...]
+    placement: Placement
     regions: tuple[RegionSummary, ...]
     decisions: tuple[Decision, ...]
     offload: OffloadConfig | None = None
-    scan_pieces: tuple[tuple[int, ...], ...] = ()
     layout: Layout = "dense"
-    scan_groups: tuple[int, ...] = ()
-    segment_group: int = 1
 
     @property
     def num_values(self) -> int:
@@ -346,12 +345,10 @@ class PolicyFile:
             no_remat_peak_bytes=plan.no_remat_peak_bytes, step_flops=plan.step_flops,
             status=plan.status, gap=plan.gap, solve_seconds=plan.solve_seconds,
             fingerprint=graph.fingerprint, arg_bytes=graph.arg_bytes,
-            grad_bytes=graph.grad_bytes, cuts=plan.cuts,
+            grad_bytes=graph.grad_bytes, placement=plan.placement,
             regions=tuple(RegionSummary(r.kind, r.length, int(n))
                           for r, n in zip(graph.regions, counts)),
-            decisions=tuple(decisions), offload=plan.offload, scan_pieces=plan.scan_pieces,
-            layout=plan.layout, scan_groups=plan.scan_groups,
-            segment_group=plan.segment_group)
+            decisions=tuple(decisions), offload=plan.offload, layout=plan.layout)
 
     def to_json(self) -> str:
         """The file's text: objects one member a line, each decision on a line of its own."""
@@ -483,10 +480,8 @@ class PolicyFile:
             "producer": {"autoremat": self.autoremat_version, "jax": self.jax_version},
             "plan": {f: getattr(self, f) for f in _PLAN_FIELDS},
             "program": {"fingerprint": self.fingerprint, "arg_bytes": self.arg_bytes,
-                        "grad_bytes": self.grad_bytes, "cuts": list(self.cuts),
-                        "scan_pieces": [list(p) for p in self.scan_pieces],
-                        "scan_groups": list(self.scan_groups),
-                        "segment_group": self.segment_group,
+                        "grad_bytes": self.grad_bytes,
+                        "placement": self.placement.to_json(),
                         "layout": self.layout,
                         "regions": [dataclasses.asdict(r) for r in self.regions]},
             "offload": None if self.offload is None else {
@@ -508,10 +503,9 @@ class PolicyFile:
             autoremat_version=doc["producer"]["autoremat"], jax_version=doc["producer"]["jax"],
             **{f: doc["plan"][f] for f in _PLAN_FIELDS},
             fingerprint=program["fingerprint"], arg_bytes=program["arg_bytes"],
-            grad_bytes=program["grad_bytes"], cuts=tuple(program["cuts"]),
-            scan_pieces=tuple(tuple(p) for p in program.get("scan_pieces", ())),
-            scan_groups=tuple(program.get("scan_groups", ())),
-            segment_group=program.get("segment_group", 1),
+            grad_bytes=program["grad_bytes"],
+            # Version 1 held the placement's fields in ``program`` itself.
+            placement=Placement.from_json(program.get("placement", program)),
             layout=program.get("layout", "dense"),
             regions=tuple(RegionSummary(**r) for r in program["regions"]),
             decisions=tuple(Decision(
@@ -551,21 +545,24 @@ def _field(path: Sequence[str | int]) -> str:
 
 
 def _check(doc: Any, where: str) -> None:
-    """Raises :class:`PolicyFileError` unless ``doc`` is a valid version-1 policy file."""
+    """Raises :class:`PolicyFileError` unless ``doc`` is a valid policy file of a format
+    version this autoremat reads."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         found = (f"is {doc['format']!r}" if isinstance(doc, dict) and "format" in doc
                  else "is missing")
         raise PolicyFileError(
             f"{where} is not an autoremat policy file: field 'format' {found}, expected "
             f"{FORMAT!r}.", field="format")
-    if doc.get("version") != VERSION:
+    version = doc.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version not in _VALIDATORS:
         found = (f"format version {doc['version']!r}" if "version" in doc
                  else "no format version")
         raise PolicyFileError(
-            f"{where} has {found}; this autoremat ({_versions()[0]}) reads version {VERSION}. "
+            f"{where} has {found}; this autoremat ({_versions()[0]}) reads versions "
+            f"{' and '.join(map(str, _VALIDATORS))}. "
             "Plan again with this version, or load the file with the autoremat that wrote "
             "it.", field="version")
-    error = jsonschema.exceptions.best_match(_VALIDATOR.iter_errors(doc))
+    error = jsonschema.exceptions.best_match(_VALIDATORS[version].iter_errors(doc))
     if error is not None:
         path, message = list(error.absolute_path), error.message
         if error.validator == "required":
@@ -573,7 +570,7 @@ def _check(doc: Any, where: str) -> None:
             message = "missing"
         elif error.validator == "additionalProperties":
             path.append(next(k for k in error.instance if k not in error.schema["properties"]))
-            message = f"not a field of format version {VERSION}"
+            message = f"not a field of format version {version}"
         elif error.validator == "oneOf":
             message = f"{error.instance!r} is not {error.schema['description']}"
         _invalid(where, _field(path), message)

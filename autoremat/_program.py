@@ -34,6 +34,7 @@ from jax.custom_derivatives import SymbolicZero
 
 from autoremat import _layout
 from autoremat._layout import Layout
+from autoremat._placement import Placement
 
 # Calls whose body is inlined into the caller. An existing checkpoint is dropped:
 # its region is re-planned (outer policies win, so nesting ours inside would be ignored).
@@ -324,20 +325,20 @@ def _flatten_shard_body(eqn: Any, fresh: Callable, walk: Callable) -> ShardBody:
     return ShardBody(ins=tuple(ids), eqns=tuple(body_eqns), outs=tuple(outs))
 
 
-def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[int] = (),
-                  segment_group: int = 1) -> tuple[Segment, ...]:
-    """Splits the top-level equations into regions.
+def split_regions(program: Program, placement: Placement = Placement()
+                  ) -> tuple[Segment, ...]:
+    """Splits the top-level equations into regions as ``placement`` says.
 
-    ``cuts`` are equation indices where a new segment starts; every top-level scan is a
-    region of its own whatever the cuts, with the slices of its scanned inputs made just
-    before it (:func:`scan_input_slices`). ``scan_groups``: per top-level scan, its
-    iterations per nested checkpoint (1 or absent: not nested; see :func:`nest_group`).
-    ``segment_group``: each run of consecutive segments is nested in groups of that many
-    (a last group of one is not nested; 1: none nested), each group's id
-    (``Segment.nest``) the index of its first segment.
+    ``placement.cuts`` are equation indices where a new segment starts; every top-level
+    scan is a region of its own whatever the cuts, with the slices of its scanned inputs
+    made just before it (:func:`scan_input_slices`). ``placement.scan_groups``: per
+    top-level scan, its iterations per nested checkpoint (1 or absent: not nested; see
+    :func:`nest_group`). ``placement.segment_group``: each run of consecutive segments is
+    nested in groups of that many (a last group of one is not nested; 1: none nested),
+    each group's id (``Segment.nest``) the index of its first segment.
     """
     groups: list[tuple[str, list[Eqn]]] = []
-    cut_set = set(cuts)
+    cut_set = set(placement.cuts)
     slices = scan_input_slices(program)
     in_scan_region = {j for i, s in slices.items() for j in range(i - len(s), i)}
     for i, eqn in enumerate(program.eqns):
@@ -358,7 +359,7 @@ def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[i
             later.update(a for a in eqn.ins if isinstance(a, int))
 
     regions = []
-    nests = iter(scan_groups)
+    nests = iter(placement.scan_groups)
     for g, (kind, eqns) in enumerate(groups):
         produced = [o for e in eqns for o in e.outs]
         produced_set = set(produced)
@@ -367,11 +368,12 @@ def split_regions(program: Program, cuts: Sequence[int], scan_groups: Sequence[i
         outputs = tuple(o for o in produced if o in used_after[g])
         group = next(nests, 1) if kind == "scan" else 1
         regions.append(Segment(g, kind, tuple(eqns), tuple(inputs), outputs, group))
-    if segment_group <= 1:
+    size = placement.segment_group
+    if size <= 1:
         return tuple(regions)
     runs = itertools.groupby(regions, key=lambda r: r.kind)
-    chunks = [run[k:k + segment_group] for kind, rs in runs if kind == "segment"
-              for run in [list(rs)] for k in range(0, len(run), segment_group)]
+    chunks = [run[k:k + size] for kind, rs in runs if kind == "segment"
+              for run in [list(rs)] for k in range(0, len(run), size)]
     nest = {r.index: chunk[0].index for chunk in chunks if len(chunk) > 1 for r in chunk}
     return tuple(dataclasses.replace(r, nest=nest.get(r.index, -1)) for r in regions)
 

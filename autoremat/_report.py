@@ -45,13 +45,7 @@ def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
         f"solver            {p.status}"
         + (f" (gap {100 * p.gap:.3f}%)" if p.status != "optimal" else "")
         + f", {p.solve_seconds:.2f} s, {p.num_values} values in {len(p.regions)} regions",
-        *([(f"scans split into  {', '.join('+'.join(map(str, s)) for s in p.scan_pieces if s)}"
-           " iterations (each piece its own region)")] if any(p.scan_pieces) else []),
-        *([(f"scans nested in   groups of {', '.join(str(g) for g in p.scan_groups if g > 1)}"
-           " iterations (each group's forward runs again in the backward)")]
-          if any(g > 1 for g in p.scan_groups) else []),
-        *([(f"segments nested   in groups of {p.segment_group} (each group's forward runs"
-            " again in the backward)")] if p.segment_group > 1 else []),
+        *p.placement.describe(),
         *([f"layout            {p.layout} (bytes of the tiled TPU layout)"]
           if p.layout == "tpu" else []),
         "",

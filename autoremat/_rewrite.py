@@ -18,6 +18,7 @@ import jax
 from jax._src import core as jax_core
 
 from autoremat import _program, _sharding
+from autoremat._placement import Placement
 
 
 class PlanMismatchError(ValueError):
@@ -54,13 +55,10 @@ def leaf_aval(x: Any) -> jax.ShapeDtypeStruct:
                                 sharding=_sharding.leaf_sharding(x, aval))
 
 
-def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, cuts: Sequence[int],
-            offloaded: Collection[int] = (), scan_pieces: Sequence[tuple[int, ...]] = (),
-            scan_groups: Sequence[int] = (), segment_group: int = 1) -> Callable:
-    """``fn`` with the plan applied (its saved values, its placement: ``cuts``,
-    ``scan_pieces``, ``scan_groups`` and ``segment_group``, and the values it offloads to
-    host memory): same
-    signature, outputs and gradients."""
+def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, placement: Placement,
+            offloaded: Collection[int] = ()) -> Callable:
+    """``fn`` with the plan applied (its saved values, its placement and the values it
+    offloads to host memory): same signature, outputs and gradients."""
     named = frozenset(saved) | frozenset(offloaded)
     policy = _program.policy_for(saved, offloaded)
 
@@ -73,9 +71,9 @@ def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, cuts: Sequen
                 f"this plan was made for another program (structure {fingerprint}, got "
                 f"{_program.fingerprint_of(program)}): make a plan for this function and these argument "
                 "shapes with autoremat.plan, or use autoremat.optimize, which plans per shape.")
-        if any(scan_pieces):
-            program = _program.split_scans(program, scan_pieces, avals)
-        regions = _program.split_regions(program, cuts, scan_groups, segment_group)
+        if placement.splits_scans:
+            program = _program.split_scans(program, placement.scan_pieces, avals)
+        regions = _program.split_regions(program, placement)
         outs = _program.run_program(program, regions, named, policy, leaves)
         return jax.tree.unflatten(store["out_tree"], outs)
 

@@ -37,6 +37,7 @@ from autoremat import _layout, _program, _sharding
 from autoremat._cost import eqn_flops, fuses_cotangent, fusible, live_flops
 from autoremat._graph import Graph, Region, Value
 from autoremat._layout import Layout
+from autoremat._placement import Placement
 from autoremat._program import Atom, Eqn, Program, ScanBody, Segment
 
 # The residual a remat region saves for a name is the name's output, sometimes behind
@@ -85,8 +86,8 @@ def segment_cuts(program: Program) -> tuple[int, ...]:
     return tuple(cuts)
 
 
-def placements(program: Program) -> tuple[tuple[int, ...], ...]:
-    """Candidate placements of region boundaries, finest first.
+def candidate_cuts(program: Program) -> tuple[tuple[int, ...], ...]:
+    """Candidate region boundaries (:attr:`Placement.cuts`), finest first.
 
     The finest is :func:`segment_cuts`. Coarser ones keep every second of its cuts
     (both phases): where a layer is cut in two (attention | MLP), one of them cuts only
@@ -437,28 +438,26 @@ def split_program(program: Program, avals: Sequence[jax.ShapeDtypeStruct],
 
 
 def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
-          cuts: Sequence[int] | None = None, scan_pieces: Sequence[tuple[int, ...]] = (),
-          layout: Layout = "dense", scan_groups: Sequence[int] = (), segment_group: int = 1
+          placement: Placement | None = None, layout: Layout = "dense"
           ) -> tuple[Program, tuple[Segment, ...], Graph]:
     """Traces ``flat_fn`` (flat array arguments to a flat list of outputs).
 
     Args:
       flat_fn: the function.
       avals: its arguments' shapes and dtypes.
-      cuts: the placement (see :func:`placements`); :func:`segment_cuts` when None.
-      scan_pieces: how top-level scans are split (see :func:`trace_program`).
+      placement: where its regions are (see :func:`placements`); when None, cut at
+        :func:`segment_cuts`, scans whole.
       layout: how values are sized (see :mod:`autoremat._layout`).
-      scan_groups, segment_group: how top-level scans and segments are nested (see
-        :func:`graph_of`).
 
     Returns:
       The flattened program, its regions, and the value graph.
     """
     whole = trace_program(flat_fn, avals, layout=layout)
-    program = split_program(whole, avals, scan_pieces)
-    facts = program_facts(program, split_from=whole if any(scan_pieces) else None)
-    return (program, *graph_of(program, segment_cuts(program) if cuts is None else cuts,
-                               facts, scan_groups, segment_group))
+    if placement is None:
+        placement = Placement(cuts=segment_cuts(whole))
+    program = split_program(whole, avals, placement.scan_pieces)
+    facts = program_facts(program, split_from=whole if placement.splits_scans else None)
+    return (program, *graph_of(program, placement, facts))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -517,7 +516,7 @@ def program_facts(program: Program, split_from: Program | None = None) -> Progra
 
 def _program_step_flops(program: Program) -> int:
     """FLOPs of ``program``'s forward and backward pass without remat."""
-    regions = _program.split_regions(program, ())
+    regions = _program.split_regions(program)
     return _step_flops(lambda *args: _program.run_program(program, regions, frozenset(), None,
                                                           args),
                        _avals(program.args, program.avals))
@@ -598,18 +597,16 @@ def _value_fields(program: Program, free: frozenset[int]
     return fields, made
 
 
-def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None = None,
-             scan_groups: Sequence[int] = (), segment_group: int = 1
+def graph_of(program: Program, placement: Placement, facts: ProgramFacts | None = None
              ) -> tuple[tuple[Segment, ...], Graph]:
-    """The regions and value graph of ``program`` cut at ``cuts``, its top-level scans
-    nested in groups of ``scan_groups`` iterations and its segments in groups of
-    ``segment_group`` (see :func:`autoremat._program.split_regions`).
+    """The regions and value graph of ``program`` under ``placement`` (see
+    :func:`autoremat._program.split_regions`; its scans already split as it says).
 
     ``facts``: ``program_facts(program)``, shared by the graphs of several placements of
     ``program`` so that what does not depend on the placement is worked out once.
     """
     facts = program_facts(program) if facts is None else facts
-    regions = _program.split_regions(program, cuts, scan_groups, segment_group)
+    regions = _program.split_regions(program, placement)
     free, differentiable = facts.free, facts.differentiable
     readers: dict[int, set[int]] = {}
     for r in regions:
@@ -783,10 +780,7 @@ def graph_of(program: Program, cuts: Sequence[int], facts: ProgramFacts | None =
         fixed_flops=fixed_flops + facts.split_flops,
         fingerprint=facts.fingerprint,
         layout=program.layout,
-        cuts=tuple(cuts),
-        scan_pieces=program.scan_pieces,
-        scan_groups=tuple(scan_groups),
-        segment_group=segment_group,
+        placement=placement,
         largest_grad_bytes=max((program.value_bytes(a) for a in program.args
                                 if _is_float(program.avals[a])), default=0),
     )

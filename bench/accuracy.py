@@ -37,7 +37,7 @@ def measure(model: str, target: str, time_limit_s: float, layout: str) -> list[d
         real = autoremat.measure_step(p.apply(loss), *args, target=target).peak_bytes
         rows.append({"model": model, "budget_bytes": budget, "predicted_peak_bytes": p.peak_bytes,
                      "real_peak_bytes": real, "error": p.peak_bytes / real - 1,
-                     "regions": len(p.cuts) + 1, "overhead": p.overhead})
+                     "regions": len(p.placement.cuts) + 1, "overhead": p.overhead})
         print(f"{model} budget {budget / 2**20:.0f} MiB: predicted {p.peak_bytes / 2**20:.0f} "
               f"MiB, compiler {real / 2**20:.0f} MiB, error {rows[-1]['error']:+.1%}", flush=True)
     return rows

@@ -33,9 +33,9 @@ def measure(name: str, target: str, time_limit_s: float) -> dict:
     verified = autoremat.plan(loss, *args, budget="floor", time_limit_s=time_limit_s,
                               verify=target)
     row = {"model": name, "target": target, "floor_predicted_bytes": floor.peak_bytes,
-           "floor_status": floor.status, "floor_scan_pieces": floor.scan_pieces,
+           "floor_status": floor.status, "floor_scan_pieces": floor.placement.scan_pieces,
            "verified_predicted_bytes": verified.peak_bytes,
-           "verified_scan_pieces": verified.scan_pieces}
+           "verified_scan_pieces": verified.placement.scan_pieces}
     for key, fn in (("nothing_saveable", baseline), ("floor", floor.apply(loss)),
                     ("verified", verified.apply(loss))):
         row[f"{key}_real_bytes"] = _measure.measure_step(fn, *args, target=target,

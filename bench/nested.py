@@ -53,8 +53,8 @@ def main() -> None:
             rows.append({"model": name,
                          "plan": f"floor, layout={layout}" + (f", {option}=True" if nested else "")
                          + (", verify" if verify else ""),
-                         "placement": {"scan_groups": p.scan_groups,
-                                       "segment_group": p.segment_group},
+                         "placement": {"scan_groups": p.placement.scan_groups,
+                                       "segment_group": p.placement.segment_group},
                          "predicted_peak_bytes": p.peak_bytes,
                          "real_peak_bytes": _measure.measure_step(fn, *args).peak_bytes,
                          "overhead": _benchmark.program_flops(fn, *args) / base - 1})

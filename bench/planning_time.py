@@ -59,7 +59,7 @@ def time_model(name: str, config: llama.LlamaConfig, fractions: list[float], run
                      "time_limit_s": time_limit_s, "wall_s": walls,
                      "median_wall_s": statistics.median(walls), "status": p.status,
                      "gap": p.gap, "overhead": p.overhead,
-                     "same_plan_every_run": len({(q.saved, q.cuts, q.scan_pieces) for q in plans}) == 1})
+                     "same_plan_every_run": len({(q.saved, q.placement.cuts, q.placement.scan_pieces) for q in plans}) == 1})
         print(f"{name} at {fraction:.2f}: median {rows[-1]['median_wall_s']:.1f} s of {walls}, "
               f"{p.status} gap {p.gap:.2%}", flush=True)
     return rows

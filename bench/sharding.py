@@ -113,7 +113,7 @@ def plan_at(loss: Any, args: tuple, budget: int, time_limit_s: float, log: Compi
                    predicted_peak_bytes=p.peak_bytes, verified_peak_bytes=p.verified_peak_bytes,
                    fits=p.verified_peak_bytes <= budget, overhead=p.overhead,
                    solver_status=p.status, gap=p.gap, saved_bytes=p.saved_bytes,
-                   regions=len(p.cuts) + 1)
+                   regions=len(p.placement.cuts) + 1)
     return row, p
 
 

@@ -174,7 +174,7 @@ def _per_device_residual_bytes(fn: Any, args: tuple) -> int:
 
 def digest(plan: autoremat.Plan) -> str:
     """A digest of a plan's decisions: saved ids, cuts and predicted peak."""
-    text = json.dumps([sorted(plan.saved), list(plan.cuts), plan.peak_bytes])
+    text = json.dumps([sorted(plan.saved), list(plan.placement.cuts), plan.peak_bytes])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -217,7 +217,7 @@ def test_report_of_a_foreign_or_tampered_file_names_the_field(workdir, planned, 
     foreign = tmp_path / "package.json"
     foreign.write_text('{"name": "left-pad", "version": "1.3.0"}')
     tampered = tmp_path / "tampered.json"
-    tampered.write_text(path.read_text().replace('"version": 1', '"version": 7'))
+    tampered.write_text(path.read_text().replace('"version": 2', '"version": 7'))
     for file, message in [(foreign, "field 'format' is missing"),
                           (tampered, "has format version 7")]:
         result = _run("report", str(file), cwd=workdir)
@@ -277,11 +277,11 @@ def test_plan_considers_nested_placements_on_request(tmp_path):
                   "--nested-scans", "--out", "p.json", "--rows", "0", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     # Four layers in groups of two keep as many carries as four checkpoints: not chosen.
-    assert autoremat.PolicyFile.read(tmp_path / "p.json").scan_groups == ()
+    assert autoremat.PolicyFile.read(tmp_path / "p.json").placement.scan_groups == ()
     result = _run("plan", "--model", "unet-tiny", "--budget", "floor", "--nested-segments",
                   "--out", "p.json", "--rows", "0", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert autoremat.PolicyFile.read(tmp_path / "p.json").segment_group > 1
+    assert autoremat.PolicyFile.read(tmp_path / "p.json").placement.segment_group > 1
 
 
 def test_maxtext_configuration_of_a_function_without_names_is_an_error(workdir, tmp_path):

@@ -55,12 +55,8 @@ def digest(model: str, budget: str, option: str = "") -> dict:
 
 
 def placement_of(p: autoremat.Plan) -> dict:
-    """The placement as plain JSON, whichever way the plan spells it."""
-    placement = getattr(p, "placement", None)
-    if placement is not None:
-        p = placement
-    return {"cuts": list(p.cuts), "scan_pieces": [list(x) for x in p.scan_pieces],
-            "scan_groups": list(p.scan_groups), "segment_group": p.segment_group}
+    """The placement as plain JSON."""
+    return p.placement.to_json()
 
 
 def _key(model: str, budget: str, option: str) -> str:

@@ -6,6 +6,7 @@ import numpy as np
 from autoremat_solvers import policy as policy_model
 
 from autoremat import _solve, _trace
+from autoremat._placement import Placement
 
 
 def _two_regions(unshared):
@@ -65,10 +66,10 @@ def test_a_skip_cotangent_holds_the_concatenation_across_the_layers_it_skips():
     dots = [i for i, n in enumerate(names) if n == "dot_general"]
     concat = 2 * x.nbytes  # the concatenation's bytes, not the skip's
     # Whole: the skip's cotangent lives from the last dot's transpose to the first's.
-    (whole,) = _trace.graph_of(program, ())[1].regions
+    (whole,) = _trace.graph_of(program, Placement())[1].regions
     assert whole.cotangent_bytes >= concat
     # One region per layer: the middle ones neither make nor read the skip.
-    regions = _trace.graph_of(program, tuple(dots[2:4]))[1].regions
+    regions = _trace.graph_of(program, Placement(tuple(dots[2:4])))[1].regions
     assert len(regions) == 3 and regions[1].cotangent_bytes >= concat
     holders = _trace._cotangent_holders(program.eqns, program.value_bytes)
     assert max(holders.values()) == concat

@@ -14,6 +14,7 @@ from autoremat_solvers import policy as policy_model
 
 import autoremat
 from autoremat import _benchmark, _measure, _plan, _program, _rewrite, _solve, _trace
+from autoremat._placement import Placement
 from tests.models import MODELS, saved_residuals
 
 
@@ -177,7 +178,7 @@ def test_the_floor_budget_is_the_least_peak_keeping_the_most_room(model):
     assert lowest.peak_bytes == lowest.budget_bytes == _floor(loss, args)
     cheapest = autoremat.plan(loss, *args, budget=lowest.budget_bytes)
     assert lowest.recompute_flops >= cheapest.recompute_flops
-    if (lowest.cuts, lowest.scan_pieces) == (cheapest.cuts, cheapest.scan_pieces):
+    if lowest.placement == cheapest.placement:
         # Counting no saved value as packed into the gradients' buffers, it peaks lower.
         assert _unpacked_peak(lowest) <= _unpacked_peak(cheapest)
     optimized = lowest.apply(loss)
@@ -280,14 +281,15 @@ def test_placement_search_keeps_the_cheapest_placement_and_the_lowest_floor():
     loss, args = MODELS["gpt2_unrolled"]()
     flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
     program = _trace.trace_program(flat_fn, avals)
-    candidates = _trace.placements(program)
+    candidates = _trace.candidate_cuts(program)
     assert candidates[0] == _trace.segment_cuts(program) and len(set(candidates)) >= 2
-    problems = [_solve.to_problem(_trace.graph_of(program, cuts)[1]) for cuts in candidates]
+    problems = [_solve.to_problem(_trace.graph_of(program, Placement(cuts))[1])
+                for cuts in candidates]
     floors = [policy_model.solve_min_peak(p).peak for p in problems]
     floor = _floor(loss, args)
     assert floor == min(floors)
     lowest = autoremat.plan(loss, *args, budget=floor)
-    assert floors[candidates.index(lowest.cuts)] == floor
+    assert floors[candidates.index(lowest.placement.cuts)] == floor
     # A coarse placement's plan is applied as planned.
     optimized = lowest.apply(loss)
     for g0, g1 in zip(_grads(loss, args), _grads(optimized, args), strict=True):
@@ -311,8 +313,9 @@ def test_graphs_sharing_program_facts_equal_graphs_made_alone(model):
     for p in programs:
         facts = _trace.program_facts(p)
         # Coarsest first: the finer placements reuse what the coarser ones asked of JAX.
-        for cuts in reversed(_trace.placements(p)):
-            assert _trace.graph_of(p, cuts, facts)[1] == _trace.graph_of(p, cuts)[1]
+        for cuts in reversed(_trace.candidate_cuts(p)):
+            placement = Placement(cuts, p.scan_pieces)
+            assert _trace.graph_of(p, placement, facts)[1] == _trace.graph_of(p, placement)[1]
 
 
 def test_solver_share_is_what_tracing_left_and_at_least_a_quarter_share():
@@ -357,14 +360,14 @@ def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
     loss = _scanned_residual_mlp
     args, program = _scanned_residual_mlp_program(6)
     assert _program.scan_pieces_of(program) == ((1, 2, 3),)
-    whole = [_solve.to_problem(_trace.graph_of(program, cuts)[1])
-             for cuts in _trace.placements(program)]
+    whole = [_solve.to_problem(_trace.graph_of(program, Placement(cuts))[1])
+             for cuts in _trace.candidate_cuts(program)]
     floor, full = _floor(loss, args), autoremat.plan(loss, *args, budget=1.0).peak_bytes
     for fraction in (0.1, 0.2, 0.3, 0.5, 0.7, 0.9):
         chosen = autoremat.plan(loss, *args, budget=int(floor + fraction * (full - floor)))
-        if chosen.scan_pieces:
+        if chosen.placement.scan_pieces:
             break
-    assert chosen.scan_pieces == ((1, 2, 3),)
+    assert chosen.placement.scan_pieces == ((1, 2, 3),)
     # The split is chosen only where it recomputes less than any whole-scan placement.
     assert chosen.recompute_flops < min(policy_model.solve(p, chosen.budget_bytes).cost
                                         for p in whole)
@@ -379,7 +382,7 @@ def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
     assert chosen.saved_bytes == _actual_saved_bytes(optimized, args)
     # Its gradient sums the pieces' weight gradients, once per piece (each piece slices
     # the stacked weights in its region): FLOPs counted in every split plan.
-    assert chosen.graph.fixed_flops == (len(chosen.scan_pieces[0]) - 1) * args[0].size
+    assert chosen.graph.fixed_flops == (len(chosen.placement.scan_pieces[0]) - 1) * args[0].size
     recomputed = _recomputed_flops(loss, optimized, args)
     assert recomputed <= chosen.recompute_flops <= 1.15 * recomputed
     # XLA inlines a one-iteration loop, so only that piece's recomputation needs
@@ -390,8 +393,8 @@ def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
         (1, True), (2, False), (3, False)}
     chosen.save(tmp_path / "plan.json")
     loaded = autoremat.load_plan(tmp_path / "plan.json", loss, *args)
-    assert (loaded.scan_pieces, loaded.cuts, loaded.saved, loaded.recompute_flops) == (
-        chosen.scan_pieces, chosen.cuts, chosen.saved, chosen.recompute_flops)
+    assert (loaded.placement, loaded.saved, loaded.recompute_flops) == (
+        chosen.placement, chosen.saved, chosen.recompute_flops)
     assert "scans split into  1+2+3 iterations" in chosen.report()
 
 
@@ -408,10 +411,10 @@ def test_nested_scan_lowers_the_floor_and_applies_as_planned(tmp_path):
     args, program = _scanned_residual_mlp_program(9)
     assert _program.scan_groups_of(program) == (3,)
     not_nested = min(policy_model.solve_min_peak(_solve.to_problem(
-        _trace.graph_of(program, cuts)[1])).peak for cuts in _trace.placements(program))
-    assert autoremat.plan(loss, *args, budget="floor").scan_groups == ()
+        _trace.graph_of(program, Placement(cuts))[1])).peak for cuts in _trace.candidate_cuts(program))
+    assert autoremat.plan(loss, *args, budget="floor").placement.scan_groups == ()
     lowest = autoremat.plan(loss, *args, budget="floor", nested_scans=True)
-    assert lowest.scan_groups == (3,) and lowest.peak_bytes < not_nested
+    assert lowest.placement.scan_groups == (3,) and lowest.peak_bytes < not_nested
     # Every plan on it runs the layers' forward once more.
     assert lowest.recompute_flops >= _step_forward_flops(loss, args)
     optimized = lowest.apply(loss)
@@ -420,11 +423,11 @@ def test_nested_scan_lowers_the_floor_and_applies_as_planned(tmp_path):
     assert lowest.saved_bytes == _actual_saved_bytes(optimized, args)
     lowest.save(tmp_path / "plan.json")
     loaded = autoremat.load_plan(tmp_path / "plan.json", loss, *args)
-    assert (loaded.scan_groups, loaded.saved, loaded.peak_bytes) == (
-        lowest.scan_groups, lowest.saved, lowest.peak_bytes)
+    assert (loaded.placement.scan_groups, loaded.saved, loaded.peak_bytes) == (
+        lowest.placement.scan_groups, lowest.saved, lowest.peak_bytes)
     assert "scans nested in   groups of 3 iterations" in lowest.report()
     # With room to save every layer's activations, nesting only costs: not chosen.
-    assert autoremat.plan(loss, *args, budget=1.0, nested_scans=True).scan_groups == ()
+    assert autoremat.plan(loss, *args, budget=1.0, nested_scans=True).placement.scan_groups == ()
 
 
 def _step_forward_flops(loss, args) -> int:
@@ -441,7 +444,7 @@ def test_nested_scan_of_a_loop_without_scanned_inputs():
     args = (jax.random.normal(jax.random.key(0), (32, 32)) / 6,
             jax.random.normal(jax.random.key(1), (256, 32)))
     lowest = autoremat.plan(loss, *args, budget="floor", nested_scans=True)
-    assert lowest.scan_groups == (3,)
+    assert lowest.placement.scan_groups == (3,)
     optimized = lowest.apply(loss)
     at_the_floor = autoremat.optimize(loss, lowest.budget_bytes, nested_scans=True)
     for g0, g1, g2 in zip(_grads(loss, args), _grads(optimized, args),
@@ -457,7 +460,7 @@ def test_nested_segments_lower_the_floor_and_apply_as_planned(tmp_path):
     loss, args = MODELS["mlp"]()
     plain = autoremat.plan(loss, *args, budget="floor")
     lowest = autoremat.plan(loss, *args, budget="floor", nested_segments=True)
-    assert lowest.segment_group == 2 and lowest.peak_bytes < plain.peak_bytes
+    assert lowest.placement.segment_group == 2 and lowest.peak_bytes < plain.peak_bytes
     nests = [r.nest for r in lowest.graph.regions]
     assert nests == [0, 0, 2, 2, 4, 4]
     # Every plan on it runs the groups' forward once more.
@@ -473,6 +476,6 @@ def test_nested_segments_lower_the_floor_and_apply_as_planned(tmp_path):
                for e in outer)
     lowest.save(tmp_path / "plan.json")
     loaded = autoremat.load_plan(tmp_path / "plan.json", loss, *args)
-    assert (loaded.segment_group, loaded.saved, loaded.peak_bytes) == (
-        lowest.segment_group, lowest.saved, lowest.peak_bytes)
+    assert (loaded.placement.segment_group, loaded.saved, loaded.peak_bytes) == (
+        lowest.placement.segment_group, lowest.saved, lowest.peak_bytes)
     assert "segments nested   in groups of 2" in lowest.report()

@@ -120,7 +120,7 @@ def test_file_round_trips_and_follows_the_schema(saved):
     assert autoremat.PolicyFile.from_json(policy.to_json()) == policy
     doc = json.loads(path.read_text())
     jsonschema.validate(doc, SCHEMA)
-    assert doc["format"] == "autoremat.policy" and doc["version"] == 1
+    assert doc["format"] == "autoremat.policy" and doc["version"] == 2
     assert doc["producer"] == {"autoremat": "0.1.0", "jax": jax.__version__}
     assert doc["plan"]["budget_bytes"] == plan.budget_bytes
     assert doc["program"]["fingerprint"] == plan.graph.fingerprint
@@ -217,7 +217,7 @@ def _set(*keys_and_value):
     (_set("decisions", 0, "occurrences", [99]), "decisions[0].occurrences",
      "occurrence 99 is not below 'of'"),
     (_set("plan", "budget_bytes", True), "plan.budget_bytes", "True is not of type 'integer'"),
-    (_set("plan", "extra", 1), "plan.extra", "not a field of format version 1"),
+    (_set("plan", "extra", 1), "plan.extra", "not a field of format version 2"),
     (lambda doc: doc["plan"].pop("peak_bytes"), "plan.peak_bytes", "missing"),
     (_set("program", "regions", 0, "kind", "loop"), "program.regions[0].kind",
      "'loop' is not one of"),
@@ -235,11 +235,31 @@ def test_tampered_file_names_the_field(saved, tmp_path, edit, field, message):
 
 def test_other_format_version_is_refused(saved, tmp_path):
     loss, args, _, path = saved("mlp")
-    edited = _edited(path, tmp_path, _set("version", 2))
-    with pytest.raises(autoremat.PolicyFileError, match="has format version 2; this autoremat "
-                       r"\(0.1.0\) reads version 1\. Plan again") as info:
+    edited = _edited(path, tmp_path, _set("version", 3))
+    with pytest.raises(autoremat.PolicyFileError, match="has format version 3; this autoremat "
+                       r"\(0.1.0\) reads versions 1 and 2\. Plan again") as info:
         autoremat.load_plan(edited, loss, *args)
     assert info.value.field == "version"
+
+
+def _as_version_1(doc):
+    """A version-2 file as version 1 wrote it: the placement's fields in ``program``."""
+    doc["version"] = 1
+    doc["program"].update(doc["program"].pop("placement"))
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt2_scanned"])
+def test_version_1_file_loads_the_same_plan(saved, tmp_path, model):
+    loss, args, plan, path = saved(model)
+    old = _edited(path, tmp_path, _as_version_1)
+    loaded = autoremat.load_plan(old, loss, *args)
+    assert (loaded.placement, loaded.saved, loaded.recomputed, loaded.peak_bytes) == (
+        plan.placement, plan.saved, plan.recomputed, plan.peak_bytes)
+    doc = json.loads(old.read_text())
+    doc["program"]["extra"] = 1
+    old.write_text(json.dumps(doc))
+    with pytest.raises(autoremat.PolicyFileError, match="not a field of format version 1"):
+        autoremat.PolicyFile.read(old)
 
 
 @pytest.mark.parametrize("text", ['{"name": "left-pad", "version": "1.3.0"}', "[1, 2]",

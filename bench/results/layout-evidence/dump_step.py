@@ -17,7 +17,7 @@ fn = loss
 if len(sys.argv) > 3:
     kw = {"layout": sys.argv[4]} if len(sys.argv) > 4 else {}
     p = autoremat.plan(loss, *args, budget=int(sys.argv[3]), time_limit_s=30, **kw)
-    print("predicted", p.peak_bytes / 2**20, "cuts", len(p.cuts) + 1)
+    print("predicted", p.peak_bytes / 2**20, "cuts", len(p.placement.cuts) + 1)
     fn = p.apply(loss)
 from autoremat import _measure
 

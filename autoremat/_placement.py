@@ -1,0 +1,98 @@
+"""The placement: where a plan's remat regions are and how they are grouped.
+
+A placement is one frozen value, carried whole by the graph, the plan, the rewriter and the
+policy file. Adding a kind of placement touches this module (the field, its JSON form and
+its report line), the region splitter (:func:`autoremat._program.split_regions`) and the
+memory model (:func:`autoremat._trace.graph_of`), and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+_COUNT = {"type": "integer", "minimum": 0}
+_POSITIVE = {"type": "integer", "minimum": 1}
+
+# The JSON Schema of :meth:`Placement.to_json` (every field optional, defaulting as the
+# dataclass does).
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "cuts": {"type": "array", "items": _COUNT},
+        "scan_pieces": {"type": "array", "items": {"type": "array", "items": _POSITIVE}},
+        "scan_groups": {"type": "array", "items": _POSITIVE},
+        "segment_group": _POSITIVE,
+    },
+    "additionalProperties": False,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the remat regions of a traced program are.
+
+    Attributes:
+      cuts: indices of the top-level equations (of the program with its scans split) that
+        start a new region of unrolled code; every top-level scan is a region of its own.
+      scan_pieces: per top-level scan, the iterations of the pieces it runs as, each piece
+        a scan and a region of its own with its own decisions (``()`` for a scan left
+        whole; ``()`` overall: none split; see :func:`autoremat._program.split_scans`).
+      scan_groups: per top-level scan, its iterations per nested checkpoint (``()`` or 1:
+        not nested). A nested scan keeps only its carry at the start of each group until
+        the backward pass, which runs the group's forward again before its backward.
+      segment_group: consecutive segments per nested group (1: none nested). Each group
+        runs in one more checkpoint that keeps only its inputs, its forward run again when
+        its backward starts.
+
+    Example:
+      >>> from autoremat._placement import Placement
+      >>> p = Placement(cuts=(4, 9), segment_group=2)
+      >>> Placement.from_json(p.to_json()) == p
+      True
+    """
+
+    cuts: tuple[int, ...] = ()
+    scan_pieces: tuple[tuple[int, ...], ...] = ()
+    scan_groups: tuple[int, ...] = ()
+    segment_group: int = 1
+
+    @property
+    def splits_scans(self) -> bool:
+        """Whether some top-level scan runs as pieces."""
+        return any(self.scan_pieces)
+
+    @property
+    def nests_scans(self) -> bool:
+        """Whether some top-level scan runs nested."""
+        return any(g > 1 for g in self.scan_groups)
+
+    def to_json(self) -> dict[str, Any]:
+        """The placement as JSON data (see :data:`SCHEMA`)."""
+        return {"cuts": list(self.cuts), "scan_pieces": [list(p) for p in self.scan_pieces],
+                "scan_groups": list(self.scan_groups), "segment_group": self.segment_group}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Placement:
+        """The placement of JSON data valid under :data:`SCHEMA` (absent fields take their
+        defaults; other keys are ignored)."""
+        return cls(cuts=tuple(doc.get("cuts", ())),
+                   scan_pieces=tuple(tuple(p) for p in doc.get("scan_pieces", ())),
+                   scan_groups=tuple(doc.get("scan_groups", ())),
+                   segment_group=doc.get("segment_group", 1))
+
+    def describe(self) -> list[str]:
+        """The report's lines for what differs from one region per scan and per segment."""
+        lines = []
+        if self.splits_scans:
+            pieces = ", ".join("+".join(map(str, s)) for s in self.scan_pieces if s)
+            lines.append(f"scans split into  {pieces} iterations (each piece its own region)")
+        if self.nests_scans:
+            groups = ", ".join(str(g) for g in self.scan_groups if g > 1)
+            lines.append(f"scans nested in   groups of {groups} iterations (each group's "
+                         "forward runs again in the backward)")
+        if self.segment_group > 1:
+            lines.append(f"segments nested   in groups of {self.segment_group} (each group's "
+                         "forward runs again in the backward)")
+        return lines
