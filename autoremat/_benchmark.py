@@ -28,8 +28,9 @@ import numpy as np
 from autoremat import _measure, zoo
 from autoremat._budget import format_bytes
 from autoremat._cost import live_flops
+from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError
 from autoremat._layout import Layout
-from autoremat._plan import BudgetNotVerifiedError, InfeasibleBudgetError, plan
+from autoremat._planner import PlanOptions, plan, plan_with
 
 BUILTIN_POLICIES: dict[str, Callable | None] = {
     "no checkpoint": None,
@@ -113,9 +114,8 @@ def program_flops(fn: Callable, *args: Any, argnums: int | Sequence[int] = 0) ->
 
 
 def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: int = 8,
-          time_limit_s: float = 60.0, verify: bool = True, refine_rounds: int = 0,
-          nested_scans: bool = False, nested_segments: bool = False,
-          layout: Layout = "dense", log: Callable[[str], None] = lambda _: None) -> Sweep:
+          options: PlanOptions = PlanOptions(),
+          log: Callable[[str], None] = lambda _: None) -> Sweep:
     """Plans and measures ``model`` across budgets, beside the built-in policies.
 
     Args:
@@ -125,13 +125,8 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         peak.
       num_budgets: how many budgets, from the floor plan's real peak to the compiler's
         no-checkpoint peak (the floor plan itself is one more row).
-      time_limit_s: the planning time limit per plan (per closed-loop round).
-      verify: plan with the closed loop (``plan(..., verify=target)``).
-      refine_rounds: compiles the closed loop may spend on cheaper plans once one fits
-        (see :func:`autoremat.plan`).
-      nested_scans, nested_segments: let plans nest scans, segments (see
-        :func:`autoremat.plan`).
-      layout: how planning counts bytes (see :func:`autoremat.plan`).
+      options: how every plan is made (:class:`autoremat.PlanOptions`; its time limit is
+        per plan, per closed-loop round; ``verify`` the target for the closed loop).
       log: called with a line per finished row.
 
     Returns:
@@ -162,26 +157,22 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         if preset != "full":  # MaxText's "full" is nothing_saveable, measured above
             add(Row("maxtext", preset), model.make_loss(zoo.preset_policy(preset, model)))
 
-    nested = {"nested_scans": nested_scans, "nested_segments": nested_segments}
     # With the closed loop, the floor plan the compiler puts lowest of those the model
     # puts near its least (see ``plan(budget="floor", verify=...)``).
-    lowest = plan(loss, *args, budget="floor", time_limit_s=time_limit_s, layout=layout,
-                  verify=target if verify else None, **nested)
+    lowest = plan_with(loss, args, {}, "floor", options)
     floor = lowest.peak_bytes
     add(Row("autoremat", "floor", budget_bytes=floor,
             predicted_peak_bytes=lowest.peak_bytes, predicted_overhead=lowest.overhead,
             status=lowest.status, solve_seconds=lowest.solve_seconds), lowest.apply(loss))
     # On the compiler, budgets run from the floor plan's real peak.
     low = max(floor, rows[-1].real_peak_bytes or floor)
-    top = (base.peak_bytes if base is not None
-           else plan(loss, *args, budget=1.0, layout=layout).peak_bytes)
+    top = (base.peak_bytes if base is not None else plan_with(
+        loss, args, {}, 1.0, PlanOptions(layout=options.layout)).peak_bytes)
     for budget in budgets_between(low, max(top, low), num_budgets):
         row = Row("autoremat", format_bytes(budget), budget_bytes=budget)
         start = time.perf_counter()
         try:
-            p = plan(loss, *args, budget=budget, time_limit_s=time_limit_s,
-                     verify=target if verify else None, refine_rounds=refine_rounds,
-                     layout=layout, **nested)
+            p = plan_with(loss, args, {}, budget, options)
         except (InfeasibleBudgetError, BudgetNotVerifiedError) as e:
             status = "infeasible" if isinstance(e, InfeasibleBudgetError) else "not verified"
             rows.append(dataclasses.replace(row, status=status,

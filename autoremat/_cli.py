@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import inspect
 import json
@@ -24,10 +25,12 @@ import rich.text
 from autoremat_solvers.milp import Progress
 
 import autoremat
-from autoremat import zoo
+from autoremat import _benchmark, _plots, zoo
 from autoremat._budget import parse_budget
-from autoremat._layout import LAYOUTS, Layout
-from autoremat._policy_file import PolicyFile, PolicyFileError
+from autoremat._errors import AutorematError, CompilerUnavailableError, PolicyFileError
+from autoremat._layout import LAYOUTS
+from autoremat._planner import PlanOptions, plan_with
+from autoremat._policy_file import PolicyFile
 from autoremat._report import format_report
 
 _BUDGET_HELP = ("Peak bytes of the training step: '8GiB', 8000000000, or 0.4 (fraction of "
@@ -36,10 +39,6 @@ _LAYOUT_HELP = ("How planning counts a value's bytes: 'dense' (its data) or 'tpu
                 "tiled TPU layout, minor dimension padded to 128).")
 _PROGRESS_HELP = ("Show the solver's best plan, bound and gap while it runs: on a terminal by "
                   "default, as lines of text elsewhere with --progress.")
-# Errors of planning itself (not of the arguments): exit 1 with the message.
-_PLAN_ERRORS = (autoremat.InfeasibleBudgetError, autoremat.SolverTimeoutError,
-                autoremat.UnsupportedProgramError, autoremat.BudgetNotVerifiedError,
-                autoremat.CompilerUnavailableError)
 
 
 def _number_or_text(text: str) -> int | float | str:
@@ -197,43 +196,55 @@ def _flops(n: float) -> str:
     return f"{n / 1000 ** k:.4g} {prefixes[k]}FLOP"
 
 
-def _plan_and_report(fn: Callable, args: tuple, budget: float, time_limit: float,
-                     rows: int, show_progress: bool | None, verify: str | None = None,
-                     layout: Layout = "dense", refine_rounds: int = 0,
-                     nested_scans: bool = False, nested_segments: bool = False
-                     ) -> autoremat.Plan:
+def _plan_and_report(fn: Callable, args: tuple, budget: float, options: PlanOptions,
+                     rows: int, show_progress: bool | None) -> autoremat.Plan:
     """Plans with a progress display, prints the report, and returns the plan."""
     start = time.perf_counter()
-    with _progress(f"planning (time limit {time_limit:g} s)",
+    with _progress(f"planning (time limit {options.time_limit_s:g} s)",
                    show=show_progress) as progress:
         try:
-            plan = autoremat.plan(fn, *args, budget=budget, time_limit_s=time_limit,
-                                  progress=progress, verify=verify,
-                                  refine_rounds=refine_rounds, layout=layout,
-                                  nested_scans=nested_scans,
-                                  nested_segments=nested_segments)
-        except _PLAN_ERRORS as e:
+            plan = plan_with(fn, args, {}, budget, dataclasses.replace(options, progress=progress))
+        except AutorematError as e:
             raise click.ClickException(str(e)) from None
     click.echo(plan.report(max_rows=rows))
     click.echo(f"\nplanned in {time.perf_counter() - start:.1f} s (trace, solve and checks)")
     return plan
 
 
-_LAYOUT = click.option("--layout", type=click.Choice(LAYOUTS), default="dense",
-                       show_default=True, help=_LAYOUT_HELP)
-_REFINE_ROUNDS = click.option(
-    "--refine-rounds", type=click.IntRange(min=0), default=0, show_default=True,
-    help="With the closed loop, compiles it may spend on cheaper plans once one fits.")
+# The planning options every command takes, gathered into one PlanOptions.
+_PLAN_OPTIONS = (
+    click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True),
+                 default=60.0, show_default=True,
+                 help="Planning time limit in seconds per plan (per closed-loop round; "
+                      "tracing included)."),
+    click.option("--refine-rounds", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="With the closed loop, compiles it may spend on cheaper plans once "
+                      "one fits."),
+    click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
+                 help=_LAYOUT_HELP),
+    click.option("--nested-scans", is_flag=True,
+                 help="Also consider scans nested in groups of about sqrt(length) iterations "
+                      "(lower floors, one more forward pass of the loop)."),
+    click.option("--nested-segments", is_flag=True,
+                 help="Also consider consecutive segments nested in groups of about "
+                      "sqrt(their number) (lower floors, one more forward pass of them)."),
+)
 
 
-_NESTED_SCANS = click.option(
-    "--nested-scans", is_flag=True,
-    help="Also consider scans nested in groups of about sqrt(length) iterations (lower "
-         "floors, one more forward pass of the loop).")
-_NESTED_SEGMENTS = click.option(
-    "--nested-segments", is_flag=True,
-    help="Also consider consecutive segments nested in groups of about sqrt(their number) "
-         "(lower floors, one more forward pass of them).")
+def _plan_options(command: Callable) -> Callable:
+    """Adds :data:`_PLAN_OPTIONS` to ``command``, which gets them as one ``options``."""
+
+    @functools.wraps(command)
+    def with_options(*args, time_limit_s, refine_rounds, layout, nested_scans,
+                     nested_segments, **kwargs):
+        options = PlanOptions(time_limit_s=time_limit_s, refine_rounds=refine_rounds,
+                              layout=layout, nested_scans=nested_scans,
+                              nested_segments=nested_segments)
+        return command(*args, options=options, **kwargs)
+
+    for option in reversed(_PLAN_OPTIONS):
+        with_options = option(with_options)
+    return with_options
 
 
 @click.group()
@@ -252,8 +263,6 @@ def main() -> None:
 @click.option("--budget", type=_BudgetType(), required=True, help=_BUDGET_HELP)
 @click.option("--out", type=click.Path(dir_okay=False, writable=True, path_type=pathlib.Path),
               required=True, help="The policy file to write (JSON).")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True, help="Planning time limit in seconds (tracing included).")
 @click.option("--maxtext", type=click.Path(dir_okay=False, writable=True, path_type=pathlib.Path),
               help="Also write the plan as MaxText's remat configuration (YAML, "
                    "remat_policy: custom): a choice per checkpoint_name of the function.")
@@ -264,15 +273,11 @@ def main() -> None:
               help="Closed loop: compile the planned step for TARGET "
                    f"({', '.join(sorted(autoremat.TARGETS))}) and re-plan until the "
                    "compiler's peak fits the budget.")
-@_REFINE_ROUNDS
-@_LAYOUT
-@_NESTED_SCANS
-@_NESTED_SEGMENTS
+@_plan_options
 def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
                  budget: float, out: pathlib.Path, maxtext: pathlib.Path | None,
-                 time_limit: float, rows: int, show_progress: bool | None,
-                 verify: str | None, refine_rounds: int, layout: Layout,
-                 nested_scans: bool, nested_segments: bool) -> None:
+                 rows: int, show_progress: bool | None, verify: str | None,
+                 options: PlanOptions) -> None:
     """Plan remat for a function under a budget, write the policy file, print the report.
 
     FUNCTION is MODULE:NAME, imported with the working directory on the module path. With
@@ -318,8 +323,8 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
             raise click.BadParameter(f"without --args it must return (loss, args), args a "
                                      f"tuple; {problem}.", param_hint="'[FUNCTION]'")
         fn, args = made
-    plan = _plan_and_report(fn, args, budget, time_limit, rows, show_progress, verify, layout,
-                            refine_rounds, nested_scans, nested_segments)
+    plan = _plan_and_report(fn, args, budget, dataclasses.replace(options, verify=verify),
+                            rows, show_progress)
     try:
         plan.save(out)
     except OSError as e:
@@ -362,13 +367,12 @@ def report_command(file: PolicyFile, rows: int) -> None:
               help=_BUDGET_HELP)
 @click.option("--scan/--unrolled", default=False, show_default=True,
               help="Scan over layers instead of unrolling them.")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True, help="Planning time limit in seconds (tracing included).")
 @click.option("--rows", type=click.IntRange(min=0), default=25, show_default=True,
               help="Decision rows to print.")
 @click.option("--progress/--no-progress", "show_progress", default=None, help=_PROGRESS_HELP)
-def demo(budget: float, scan: bool, time_limit: float, rows: int,
-         show_progress: bool | None) -> None:
+@_plan_options
+def demo(budget: float, scan: bool, rows: int, show_progress: bool | None,
+         options: PlanOptions) -> None:
     """Plan remat for the bundled GPT-2-small-style model and print the report.
 
     The model is traced from shapes only (12 layers, d 768, 12 heads, seq 1024, batch 8,
@@ -380,7 +384,7 @@ def demo(budget: float, scan: bool, time_limit: float, rows: int,
     click.echo(f"GPT-2-small-style, {'scanned' if scan else 'unrolled'} layers: {config}")
     _plan_and_report(gpt2.make_loss(config), (gpt2.param_shapes(config),
                                               gpt2.batch_shapes(config)),
-                     budget, time_limit, rows, show_progress)
+                     budget, options, rows, show_progress)
 
 
 @main.command()
@@ -392,21 +396,14 @@ def demo(budget: float, scan: bool, time_limit: float, rows: int,
               help="Compiler to measure with; 'none' for the analytic model alone.")
 @click.option("--budgets", "num_budgets", type=click.IntRange(min=2), default=8,
               show_default=True, help="Budgets from the floor to the no-checkpoint peak.")
-@click.option("--time-limit", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True,
-              help="Planning time limit per plan (per closed-loop round), in seconds.")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Plan with the closed loop on the target's compiler.")
-@_REFINE_ROUNDS
-@_NESTED_SCANS
-@_NESTED_SEGMENTS
 @click.option("--out", type=click.Path(file_okay=False, path_type=pathlib.Path),
               default=pathlib.Path("bench/results"), show_default=True,
               help="Directory for MODEL.md, MODEL.json and MODEL.png.")
-@_LAYOUT
-def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limit: float,
-          verify: bool, refine_rounds: int, nested_scans: bool, nested_segments: bool,
-          out: pathlib.Path, layout: Layout) -> None:
+@_plan_options
+def bench(model_names: tuple[str, ...], target: str, num_budgets: int, verify: bool,
+          out: pathlib.Path, options: PlanOptions) -> None:
     """Sweep budgets for zoo models beside JAX's built-in policies; write a markdown
     table, JSON and a Pareto plot per model.
 
@@ -414,21 +411,17 @@ def bench(model_names: tuple[str, ...], target: str, num_budgets: int, time_limi
     time on a CPU machine: pip install "autoremat[tpu]"); a 12-layer model takes a
     minute or more per compile.
     """
-    from autoremat import _benchmark, _plots
-
+    measured = None if target == "none" else target
+    options = dataclasses.replace(options, verify=measured if verify else None)
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["autoremat", *sys.argv[1:]])
     for name in model_names:
         model = zoo.get(name)
         click.echo(f"{model.name}: {model.description}")
         try:
-            sweep = _benchmark.sweep(model, target=None if target == "none" else target,
-                                     num_budgets=num_budgets, time_limit_s=time_limit,
-                                     verify=verify, refine_rounds=refine_rounds,
-                                     nested_scans=nested_scans,
-                                     nested_segments=nested_segments, layout=layout,
-                                     log=click.echo)
-        except autoremat.CompilerUnavailableError as e:
+            sweep = _benchmark.sweep(model, target=measured, num_budgets=num_budgets,
+                                     options=options, log=click.echo)
+        except CompilerUnavailableError as e:
             raise click.ClickException(f"{e} (or use --target none)") from None
         text = (f"# {model.name} on {target}\n\n{model.description}\n\nMade with `{command}`; "
                 f"versions: {json.dumps(sweep.versions)}. Floor plan "

@@ -41,6 +41,7 @@ import numpy as np
 from jax.experimental import topologies
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from autoremat._errors import CompilerUnavailableError
 from autoremat._rewrite import leaf_aval
 
 #: TPU targets and the topology compiled for (one device of it is used).
@@ -72,10 +73,6 @@ _cache: dict[tuple[str, str, tuple[tuple[str, str], ...]], Measurement] = {}
 #: Set to a directory to keep compiled figures across processes (one JSON file per
 #: program, target, options and compiler version); compiles of big steps take minutes.
 CACHE_DIR_ENV = "AUTOREMAT_MEASURE_CACHE"
-
-
-class CompilerUnavailableError(RuntimeError):
-    """The compiler a target needs is not available in this process."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,10 +9,10 @@ import numpy as np
 from autoremat_solvers import policy as policy_model
 
 from autoremat import _solve
-from autoremat._benchmark import Sweep
 from autoremat._budget import format_bytes
 
 if TYPE_CHECKING:
+    from autoremat._benchmark import Sweep
     from autoremat._plan import Plan
 
 

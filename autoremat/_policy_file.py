@@ -41,22 +41,26 @@ import dataclasses
 import importlib.metadata
 import json
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import jax
 import jsonschema
 import numpy as np
-from autoremat_solvers import policy as policy_model
-from autoremat_solvers.milp import MilpStatus
 
-from autoremat import _placement, _solve
-from autoremat._graph import Graph, Value
+from autoremat import _placement
+from autoremat._errors import PolicyFileError, PolicyMismatchError
+from autoremat._graph import Graph
 from autoremat._layout import LAYOUTS, Layout
-from autoremat._offload import OffloadConfig, offload_problem
+from autoremat._offload import OffloadConfig
 from autoremat._placement import Placement
-from autoremat._rewrite import PlanMismatchError
+from autoremat._sites import (
+    Decision,
+    Site,
+    decisions_of,
+    site_difference,
+    values_by_site,
+)
 
 if TYPE_CHECKING:
     from autoremat._plan import Plan
@@ -152,98 +156,6 @@ def _schema(version: int) -> dict[str, Any]:
 SCHEMA = _schema(VERSION)
 # The format versions this autoremat reads, with their validators.
 _VALIDATORS = {v: jsonschema.Draft202012Validator(_schema(v)) for v in (1, VERSION)}
-# Differences listed in a mismatch error before the rest are counted.
-_MAX_LISTED = 20
-
-
-class PolicyFileError(ValueError):
-    """A policy file is not valid JSON, not a policy file, of another format version, or
-    has an invalid field. ``field`` names the field (``None`` when the file is not JSON)."""
-
-    def __init__(self, message: str, field: str | None = None):
-        self.field = field
-        super().__init__(message)
-
-
-class PolicyMismatchError(PlanMismatchError):
-    """A policy file does not match the function and arguments it was loaded for.
-
-    ``differences`` lists every difference found, one line each.
-    """
-
-    def __init__(self, where: str, differences: Sequence[str], note: str):
-        self.differences = tuple(differences)
-        listed = [f"  - {d}" for d in self.differences[:_MAX_LISTED]]
-        if len(self.differences) > _MAX_LISTED:
-            listed.append(f"  ... and {len(self.differences) - _MAX_LISTED} more")
-        super().__init__(
-            f"{where} does not match this function and these arguments:\n" + "\n".join(listed)
-            + f"\n{note}Plan again for them (autoremat.plan then Plan.save, or `autoremat "
-            "plan`), or load the file with the function and argument shapes it was made for.")
-
-
-@dataclasses.dataclass(frozen=True)
-class Site:
-    """Where and how a value is made: the part of its identity that survives re-tracing.
-
-    Attributes:
-      source: ``file:line`` of the user code that made it.
-      primitive: the producing primitive (``carry_in``/``xs_in`` for a scan body's inputs).
-      shape, dtype: of one instance.
-    """
-
-    source: str
-    primitive: str
-    shape: tuple[int, ...]
-    dtype: str
-
-    @classmethod
-    def of(cls, value: Value) -> Site:
-        return cls(value.source, value.primitive, tuple(value.shape), value.dtype)
-
-    @property
-    def key(self) -> tuple[str, str, tuple[int, ...], str]:
-        """What two sites are compared by: the source's file name (not its directory)."""
-        file, _, line = self.source.rpartition(":")
-        source = f"{os.path.basename(file)}:{line}" if file and line.isdigit() else self.source
-        return source, self.primitive, self.shape, self.dtype
-
-    @property
-    def array(self) -> str:
-        """``float32[8,768]``."""
-        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
-
-    def __str__(self) -> str:
-        return f"{self.source} {self.primitive} {self.array}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """One action on some or all of the values made at one site.
-
-    Attributes:
-      action: ``"save"``, ``"recompute"`` or ``"offload"``.
-      site: where the values are made.
-      occurrences: which of the site's values, numbered from 0 in program order; ``None``
-        for every one of them (for example the same value in every layer).
-      of: how many values the function makes at the site.
-      nbytes: bytes of one instance of one value.
-      multiplicity: instances kept per value if saved (a scan's length).
-      recompute_flops: FLOPs of recomputing one value in every iteration of its region.
-    """
-
-    action: str
-    site: Site
-    occurrences: tuple[int, ...] | None
-    of: int
-    nbytes: int
-    multiplicity: int
-    recompute_flops: int
-
-    @property
-    def count(self) -> int:
-        """How many values the decision covers."""
-        return self.of if self.occurrences is None else len(self.occurrences)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,28 +225,6 @@ class PolicyFile:
     def from_plan(cls, plan: Plan) -> PolicyFile:
         """The policy file of ``plan``."""
         graph = plan.graph
-        action = {**dict.fromkeys(plan.saved, "save"),
-                  **dict.fromkeys(plan.recomputed, "recompute"),
-                  **dict.fromkeys(plan.offloaded, "offload")}
-        flops = dict(zip(graph.array("id").tolist(), graph.recompute_flops().tolist()))
-        by_site = _values_by_site(graph)
-        groups: dict[tuple, list[int]] = {}
-        for key, values in by_site.items():
-            for k, v in enumerate(values):
-                if v.id in action:
-                    group = (action[v.id], key, v.multiplicity, flops[v.id])
-                    groups.setdefault(group, []).append(k)
-        decisions = []
-        for (act, key, multiplicity, recompute_flops), occurrences in groups.items():
-            first, of = by_site[key][0], len(by_site[key])
-            decisions.append(Decision(
-                action=act, site=Site.of(first),
-                occurrences=None if len(occurrences) == of else tuple(occurrences), of=of,
-                nbytes=first.nbytes, multiplicity=multiplicity,
-                recompute_flops=int(recompute_flops)))
-        order = {v.id: i for i, v in enumerate(graph.values)}
-        first_value = lambda d: order[by_site[d.site.key][(d.occurrences or (0,))[0]].id]
-        decisions.sort(key=lambda d: (first_value(d), d.action))
         counts = np.bincount(graph.array("region"), minlength=len(graph.regions))
         return cls(
             autoremat_version=importlib.metadata.version("autoremat"),
@@ -348,7 +238,8 @@ class PolicyFile:
             grad_bytes=graph.grad_bytes, placement=plan.placement,
             regions=tuple(RegionSummary(r.kind, r.length, int(n))
                           for r, n in zip(graph.regions, counts)),
-            decisions=tuple(decisions), offload=plan.offload, layout=plan.layout)
+            decisions=decisions_of(graph, plan.actions), offload=plan.offload,
+            layout=plan.layout)
 
     def to_json(self) -> str:
         """The file's text: objects one member a line, each decision on a line of its own."""
@@ -390,42 +281,41 @@ class PolicyFile:
         with open(path, "rb") as f:
             return cls.from_json(f.read(), where=os.fspath(path))
 
-    def match(self, graph: Graph, where: str = "the policy file") -> _solve.Decisions:
-        """The file's decisions on the values of ``graph``, a re-trace of its function.
-
-        Figures are recomputed for ``graph``; status, gap and solve time are the file's.
-
-        Raises:
-          PolicyMismatchError: a decision's values are not all found, the decisions are
-            not a valid plan for ``graph``, or their predicted peak exceeds the budget.
-        """
+    def locate(self, graph: Graph) -> tuple[dict[int, str], list[str]]:
+        """The action on each value id of ``graph`` (a re-trace of the file's function) that
+        the decisions name, and the differences found: regions or layout that differ, a
+        decision whose values are not all found, a value named twice."""
         differences = self._region_differences(graph)
         chosen = self._locate(graph, differences)
-        if not differences:
-            decisions = self._evaluate(graph, chosen, differences)
-            if not differences and graph.fingerprint != self.fingerprint:
-                differences.append(
-                    f"program structure: {self.fingerprint} in the file, {graph.fingerprint} "
-                    "in the function (values the plan neither saves nor recomputes differ)")
-            if not differences:
-                return decisions
+        return chosen, differences
+
+    def structure_differences(self, graph: Graph) -> list[str]:
+        """How ``graph``'s program structure differs from the file's (values the plan
+        neither saves nor recomputes may differ where every decision's values match)."""
+        if graph.fingerprint == self.fingerprint:
+            return []
+        return [f"program structure: {self.fingerprint} in the file, {graph.fingerprint} in "
+                "the function (values the plan neither saves nor recomputes differ)"]
+
+    def mismatch(self, where: str, differences: Sequence[str]) -> PolicyMismatchError:
+        """The error for ``differences`` between the file (at ``where``) and a function."""
         note = ""
         if (self.autoremat_version, self.jax_version) != _versions():
             here = _versions()
             note = (f"The file was made with autoremat {self.autoremat_version} and jax "
                     f"{self.jax_version}; this is autoremat {here[0]} and jax {here[1]}.\n")
-        raise PolicyMismatchError(where, list(dict.fromkeys(differences)), note)
+        return PolicyMismatchError(where, list(dict.fromkeys(differences)), note)
 
     def _locate(self, graph: Graph, differences: list[str]) -> dict[int, str]:
         """The action on each value id of ``graph`` the decisions name; appends to
         ``differences`` each decision whose values are not found, and each value named
         twice."""
-        by_site = _values_by_site(graph)
+        by_site = values_by_site(graph)
         chosen: dict[int, str] = {}
         for d in self.decisions:
             values = by_site.get(d.site.key, [])
             if len(values) != d.of:
-                differences.append(_site_difference(d, values, by_site))
+                differences.append(site_difference(d, values, by_site))
                 continue
             for k in range(d.of) if d.occurrences is None else d.occurrences:
                 if chosen.setdefault(values[k].id, d.action) != d.action:
@@ -445,33 +335,6 @@ class PolicyFile:
                     out.append(f"region {i}: {field} {getattr(a, field)} in the file, "
                                f"{getattr(b, field)} in the function")
         return out
-
-    def _evaluate(self, graph: Graph, chosen: Mapping[int, str], differences: list[str]
-                  ) -> _solve.Decisions:
-        """The figures of the actions ``chosen`` on ``graph``; appends to ``differences``
-        each rule of a valid plan they break, and a peak over the budget."""
-        problem = _solve.to_problem(graph)
-        ids = graph.array("id").tolist()
-        save = np.array([chosen.get(i) == "save" for i in ids], dtype=bool)
-        recompute = np.array([chosen.get(i) == "recompute" for i in ids], dtype=bool)
-        offload = np.array([chosen.get(i) == "offload" for i in ids], dtype=bool)
-        if self.offload is not None:
-            problem = offload_problem(graph, problem, self.offload)
-        # The rules name values by index in graph.values: add where each is made.
-        sites = [str(Site.of(v)) for v in graph.values]
-        name = lambda m: f"{m.group(1)} {m.group(2)} ({sites[int(m.group(2))]})"
-        differences.extend(re.sub(r"(value|input) (\d+)", name, msg)
-                           for msg in policy_model.violations(problem, save, recompute,
-                                                              offload))
-        cost, peak = policy_model.evaluate(problem, save, recompute, offload)
-        decisions = _solve.decisions(graph, problem, policy_model.PolicyResult(
-            MilpStatus(self.status), save, recompute, cost, peak, cost, self.gap,
-            self.solve_seconds, offload if self.offload is not None else None))
-        if decisions.peak_bytes > self.budget_bytes:
-            differences.append(
-                f"predicted peak: {decisions.peak_bytes} bytes for the function, over the "
-                f"file's budget of {self.budget_bytes} bytes")
-        return decisions
 
     def _to_dict(self) -> dict[str, Any]:
         return {
@@ -588,28 +451,7 @@ def _invalid(where: str, field: str, message: str) -> NoReturn:
                           field=field)
 
 
-def _values_by_site(graph: Graph) -> dict[tuple, list[Value]]:
-    """The graph's values grouped by :attr:`Site.key`, each group in program order."""
-    out: dict[tuple, list[Value]] = {}
-    for v in graph.values:
-        out.setdefault(Site.of(v).key, []).append(v)
-    return out
-
-
-def _site_difference(d: Decision, values: Sequence[Value],
-                     by_site: Mapping[tuple, Sequence[Value]]) -> str:
-    """Why the function's values at ``d``'s site are not the ones the file names."""
-    if values:
-        return f"{d.site}: {d.of} values in the file, {len(values)} in the function"
-    source, primitive, shape, dtype = d.site.key
-    near = [k for k in by_site if k[:2] == (source, primitive)]
-    if not near:
-        return f"{d.site}: not made by the function (no {primitive} at {source})"
-    if all(k[3] == dtype for k in near):
-        return (f"{d.site.source} {primitive}: shape {shape} in the file, "
-                f"{' or '.join(str(k[2]) for k in near)} in the function")
-    if all(k[2] == shape for k in near):
-        return (f"{d.site.source} {primitive}: dtype {dtype} in the file, "
-                f"{' or '.join(k[3] for k in near)} in the function")
-    return (f"{d.site.source} {primitive}: {d.site.array} in the file, "
-            f"{' or '.join(Site('', '', k[2], k[3]).array for k in near)} in the function")
+def save_plan(plan: Plan, path: str | os.PathLike) -> None:
+    """Writes ``plan`` to a policy file at ``path`` (JSON), for :func:`autoremat.load_plan`
+    and ``autoremat report``; replaces any file there."""
+    PolicyFile.from_plan(plan).write(path)

@@ -2,26 +2,57 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from autoremat._budget import format_bytes
-from autoremat._policy_file import PolicyFile
+from autoremat._layout import Layout
+from autoremat._placement import Placement
+from autoremat._sites import Decision, decisions_of
 
 if TYPE_CHECKING:
     from autoremat._plan import Plan
+    from autoremat._policy_file import PolicyFile
+
+
+@dataclasses.dataclass(frozen=True)
+class _Totals:
+    """What the report's head states, whether read from a plan or from its file."""
+
+    budget_bytes: int
+    peak_bytes: int
+    no_remat_peak_bytes: int
+    arg_bytes: int
+    grad_bytes: int
+    target: str | None
+    verified_peak_bytes: int | None
+    saved_bytes: int
+    recompute_flops: int
+    step_flops: int
+    status: str
+    gap: float
+    solve_seconds: float
+    num_values: int
+    num_regions: int
+    placement: Placement
+    layout: Layout
+    offload_line: str | None = None
 
 
 def report(plan: Plan, max_rows: int = 40) -> str:
     """The plan's totals and a table of its decisions, largest bytes first."""
-    text = format_report(PolicyFile.from_plan(plan), max_rows=max_rows)
-    if not plan.offloaded:
-        return text
-    lines = text.split("\n")
-    at = next(k for k, line in enumerate(lines) if line.startswith("saved residuals")) + 1
-    lines.insert(at, f"offloaded to host {format_bytes(plan.offloaded_bytes):>12}   (transfers "
-                     f"cost {plan.offload_flops / 1e9:.3f} GFLOP-equivalent; modelled overhead "
-                     f"{100 * plan.modeled_overhead:.2f}%)")
-    return "\n".join(lines)
+    g = plan.graph
+    offload_line = None if not plan.offloaded else (
+        f"offloaded to host {format_bytes(plan.offloaded_bytes):>12}   (transfers cost "
+        f"{plan.offload_flops / 1e9:.3f} GFLOP-equivalent; modelled overhead "
+        f"{100 * plan.modeled_overhead:.2f}%)")
+    totals = _Totals(plan.budget_bytes, plan.peak_bytes, plan.no_remat_peak_bytes, g.arg_bytes,
+                     g.grad_bytes, plan.verify_target, plan.verified_peak_bytes,
+                     plan.saved_bytes, plan.recompute_flops, plan.step_flops, plan.status,
+                     plan.gap, plan.solve_seconds, len(g.values), len(g.regions),
+                     plan.placement, plan.layout, offload_line)
+    return _format(totals, decisions_of(g, plan.actions), max_rows)
 
 
 def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
@@ -32,26 +63,41 @@ def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
     the same value in each of 12 layers); bytes and GFLOP are totals over them.
     """
     p = policy
+    totals = _Totals(p.budget_bytes, p.peak_bytes, p.no_remat_peak_bytes, p.arg_bytes,
+                     p.grad_bytes, p.target, p.verified_peak_bytes, p.saved_bytes,
+                     p.recompute_flops, p.step_flops, p.status, p.gap, p.solve_seconds,
+                     p.num_values, len(p.regions), p.placement, p.layout)
+    return _format(totals, p.decisions, max_rows)
+
+
+def _format(t: _Totals, decisions: Sequence[Decision], max_rows: int) -> str:
+    overhead = t.recompute_flops / max(1, t.step_flops)
     lines = [
-        f"budget            {format_bytes(p.budget_bytes):>12}",
-        (f"predicted peak    {format_bytes(p.peak_bytes):>12}   (no remat: "
-        f"{format_bytes(p.no_remat_peak_bytes)}; arguments {format_bytes(p.arg_bytes)}, "
-        f"gradients {format_bytes(p.grad_bytes)})"),
-        *([(f"compiler peak     {format_bytes(p.verified_peak_bytes):>12}   (verified on "
-           f"{p.target})")] if p.target is not None else []),
-        f"saved residuals   {format_bytes(p.saved_bytes):>12}",
-        (f"recompute         {p.recompute_flops / 1e9:>8.3f} GFLOP   overhead "
-        f"{100 * p.overhead:.2f}% of {p.step_flops / 1e9:.3f} GFLOP per step"),
-        f"solver            {p.status}"
-        + (f" (gap {100 * p.gap:.3f}%)" if p.status != "optimal" else "")
-        + f", {p.solve_seconds:.2f} s, {p.num_values} values in {len(p.regions)} regions",
-        *p.placement.describe(),
-        *([f"layout            {p.layout} (bytes of the tiled TPU layout)"]
-          if p.layout == "tpu" else []),
+        f"budget            {format_bytes(t.budget_bytes):>12}",
+        (f"predicted peak    {format_bytes(t.peak_bytes):>12}   (no remat: "
+         f"{format_bytes(t.no_remat_peak_bytes)}; arguments {format_bytes(t.arg_bytes)}, "
+         f"gradients {format_bytes(t.grad_bytes)})"),
+        *([(f"compiler peak     {format_bytes(t.verified_peak_bytes):>12}   (verified on "
+            f"{t.target})")] if t.target is not None else []),
+        f"saved residuals   {format_bytes(t.saved_bytes):>12}",
+        *([t.offload_line] if t.offload_line else []),
+        (f"recompute         {t.recompute_flops / 1e9:>8.3f} GFLOP   overhead "
+         f"{100 * overhead:.2f}% of {t.step_flops / 1e9:.3f} GFLOP per step"),
+        f"solver            {t.status}"
+        + (f" (gap {100 * t.gap:.3f}%)" if t.status != "optimal" else "")
+        + f", {t.solve_seconds:.2f} s, {t.num_values} values in {t.num_regions} regions",
+        *t.placement.describe(),
+        *([f"layout            {t.layout} (bytes of the tiled TPU layout)"]
+          if t.layout == "tpu" else []),
         "",
     ]
+    return "\n".join(lines + _decision_table(decisions, max_rows))
+
+
+def _decision_table(decisions: Sequence[Decision], max_rows: int) -> list[str]:
+    """The decisions' rows, largest bytes first, under a header."""
     rows = []
-    for d in p.decisions:
+    for d in decisions:
         save = d.action in ("save", "offload")  # bytes kept (on the device or the host)
         nbytes = d.count * d.nbytes * (d.multiplicity if save else 1)
         value = d.site.array + (f" x{d.multiplicity}" if save and d.multiplicity > 1 else "")
@@ -62,11 +108,11 @@ def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
     rows.sort(key=lambda r: (-r[0], r[6]))
     header = (f"{'action':<10} {'bytes':>11}  {'values':>8}  {'value':<26} {'primitive':<18} "
               f"{'GFLOP':>8}  source")
-    lines += [header, "-" * len(header)]
+    lines = [header, "-" * len(header)]
     for nbytes, action, values, value, prim, flops, source in rows[:max_rows]:
         flop_col = f"{flops / 1e9:8.3f}" if action == "recompute" else " " * 8
         lines.append(f"{action:<10} {format_bytes(nbytes):>11}  {values:>8}  {value:<26} "
                      f"{prim:<18} {flop_col}  {source}")
     if len(rows) > max_rows:
         lines.append(f"... {len(rows) - max_rows} more decisions")
-    return "\n".join(lines)
+    return lines

@@ -11,18 +11,15 @@ public transformations and names carry the decisions, so the result is the same 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from typing import Any
 
 import jax
 from jax._src import core as jax_core
 
 from autoremat import _program, _sharding
+from autoremat._errors import PlanMismatchError
 from autoremat._placement import Placement
-
-
-class PlanMismatchError(ValueError):
-    """A plan was applied to a function or argument shapes it was not made for."""
 
 
 def flat_function(fn: Callable, args: tuple, kwargs: dict

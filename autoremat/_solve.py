@@ -68,6 +68,7 @@ from autoremat_solvers.milp import MilpStatus
 
 from autoremat._cost import fusible, moves_data
 from autoremat._graph import Graph
+from autoremat._offload import OffloadConfig, offload_problem
 from autoremat._op_times import OpTimes, recompute_costs
 
 
@@ -87,6 +88,15 @@ class Decisions:
     offloaded: frozenset[int] = frozenset()
     offloaded_bytes: int = 0
     offload_flops: int = 0
+
+
+def problem_of(graph: Graph, op_times: OpTimes | None = None,
+               offload: OffloadConfig | None = None) -> policy_model.PolicyProblem:
+    """The graph's save/recompute problem (:func:`to_problem`), with offload allowed as
+    ``offload`` says (:func:`autoremat._offload.offload_problem`; ``None``: no offload).
+    Every caller builds its problem here."""
+    problem = to_problem(graph, op_times)
+    return problem if offload is None else offload_problem(graph, problem, offload)
 
 
 def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.PolicyProblem:

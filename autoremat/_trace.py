@@ -35,6 +35,7 @@ from jax._src import source_info_util
 
 from autoremat import _layout, _program, _sharding
 from autoremat._cost import eqn_flops, fuses_cotangent, fusible, live_flops
+from autoremat._errors import UnsupportedProgramError
 from autoremat._graph import Graph, Region, Value
 from autoremat._layout import Layout
 from autoremat._placement import Placement
@@ -354,10 +355,6 @@ def _signature(region: Segment, avals: dict, texts: dict[Eqn, str]
     visit(region.eqns)
     parts.append(",".join(atom(o) for o in region.outputs))
     return "\n".join(parts), local
-
-
-class UnsupportedProgramError(ValueError):
-    """The function contains an operation autoremat cannot plan around."""
 
 
 # Effects JAX cannot differentiate through: a clear error instead of one from deep inside.

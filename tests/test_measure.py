@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import pytest
 
 import autoremat
-from autoremat import _measure, _plan, _rewrite
+from autoremat import _measure, _rewrite
+from autoremat._planner import _candidates, _closed_loop, _floor
 from autoremat.zoo import gpt2
 
 needs_libtpu = pytest.mark.skipif(
@@ -161,7 +162,10 @@ def test_refined_plan_fits_and_recomputes_no_more_than_the_first_that_fit():
 def test_verified_floor_is_the_lowest_on_the_compiler_of_the_floor_plans_near_the_model_floor():
     loss, args = _bf16_tiny_gpt2()
     flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
-    floors = _plan.floor_plans_flat(flat_fn, avals, _plan._MODEL_ERROR)
+    options = autoremat.PlanOptions()
+    found = _candidates.candidates(flat_fn, avals, options)
+    floors = _floor.floor_plans(found, options, _candidates.SolverClock(60.0, len(found)),
+                                _closed_loop.MODEL_ERROR)
     assert len(floors) > 1  # two placements within the model's error of its floor
     assert floors[0].saved == autoremat.plan(loss, *args, budget="floor").saved
     real = [_measure.measure_step(f.apply(loss), *args).peak_bytes for f in floors]

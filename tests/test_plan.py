@@ -13,8 +13,9 @@ import pytest
 from autoremat_solvers import policy as policy_model
 
 import autoremat
-from autoremat import _benchmark, _measure, _plan, _program, _rewrite, _solve, _trace
+from autoremat import _benchmark, _measure, _program, _rewrite, _solve, _trace
 from autoremat._placement import Placement
+from autoremat._planner import _candidates
 from tests.models import MODELS, saved_residuals
 
 
@@ -319,7 +320,7 @@ def test_graphs_sharing_program_facts_equal_graphs_made_alone(model):
 
 
 def test_solver_share_is_what_tracing_left_and_at_least_a_quarter_share():
-    share = _plan.solver_share
+    share = _candidates.solver_share
     assert share(30.0, 0.0, 3, 3) == 10.0
     assert share(30.0, 6.0, 3, 3) == 8.0  # tracing took 6 s of the solver's 30
     assert share(30.0, 14.0, 2, 3) == 8.0  # an earlier solve ended early

@@ -16,8 +16,9 @@ import functools
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from autoremat import _plan
+from autoremat import _planner
 from autoremat._budget import Budget
+from autoremat._plan import Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,14 +60,14 @@ class Functional:
         return out
 
     def plan(self, fn: Callable, model: Any, *args: Any, budget: Budget, **kwargs: Any
-             ) -> _plan.Plan:
+             ) -> Plan:
         """:func:`autoremat.plan` for ``fn(model, *args, **kwargs)``; its keywords
         (``time_limit_s``, ``verify``, ...) are taken from ``kwargs`` as there."""
         static, arrays = self.split(model)
-        return _plan.plan(functools.partial(self.pure(fn), static), arrays, *args,
+        return _planner.plan(functools.partial(self.pure(fn), static), arrays, *args,
                           budget=budget, **kwargs)
 
-    def apply(self, plan: _plan.Plan, fn: Callable) -> Callable:
+    def apply(self, plan: Plan, fn: Callable) -> Callable:
         """``fn`` following ``plan`` (made by :meth:`plan`), with ``fn``'s signature."""
         pure_fn = self.pure(fn)
 
@@ -81,7 +82,7 @@ class Functional:
     def optimize(self, fn: Callable, budget: Budget, **plan_kw: Any) -> Callable:
         """:func:`autoremat.optimize` for ``fn(model, *args, **kwargs)``: a plan per model
         structure and argument shapes, made on first call; ``fn``'s signature."""
-        optimized = _plan.optimize(self.pure(fn), budget, static_argnums=0, **plan_kw)
+        optimized = _planner.optimize(self.pure(fn), budget, static_argnums=0, **plan_kw)
 
         @functools.wraps(fn)
         def wrapped(model: Any, *args: Any, **kwargs: Any) -> Any:

@@ -22,8 +22,8 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from autoremat import _plan
 from autoremat._budget import Budget
+from autoremat._plan import Plan
 from autoremat.integrations._functional import Functional
 
 
@@ -52,12 +52,12 @@ def optimize(loss_fn: Callable, budget: Budget, **plan_kw: Any) -> Callable:
 
 
 def plan(loss_fn: Callable, model: Any, *args: Any, budget: Budget, **kwargs: Any
-         ) -> _plan.Plan:
+         ) -> Plan:
     """The :class:`autoremat.Plan` for ``loss_fn(model, *args, **kwargs)``; ``kwargs``
     also take :func:`autoremat.plan`'s keywords."""
     return _EQX.plan(loss_fn, model, *args, budget=budget, **kwargs)
 
 
-def apply(plan: _plan.Plan, loss_fn: Callable) -> Callable:
+def apply(plan: Plan, loss_fn: Callable) -> Callable:
     """``loss_fn`` following ``plan`` (made for the same model structure and shapes)."""
     return _EQX.apply(plan, loss_fn)

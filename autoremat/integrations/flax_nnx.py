@@ -27,8 +27,8 @@ from typing import Any
 
 from flax import nnx
 
-from autoremat import _plan
 from autoremat._budget import Budget
+from autoremat._plan import Plan
 from autoremat.integrations._functional import Functional
 
 _NNX = Functional(
@@ -50,13 +50,13 @@ def optimize(loss_fn: Callable, budget: Budget, **plan_kw: Any) -> Callable:
 
 
 def plan(loss_fn: Callable, model: nnx.Module, *args: Any, budget: Budget,
-         **kwargs: Any) -> _plan.Plan:
+         **kwargs: Any) -> Plan:
     """The :class:`autoremat.Plan` for ``loss_fn(model, *args, **kwargs)``, to read, save or
     plot before use; ``kwargs`` also take :func:`autoremat.plan`'s keywords."""
     return _NNX.plan(loss_fn, model, *args, budget=budget, **kwargs)
 
 
-def apply(plan: _plan.Plan, loss_fn: Callable) -> Callable:
+def apply(plan: Plan, loss_fn: Callable) -> Callable:
     """``loss_fn`` following ``plan`` (from :func:`plan` or :func:`autoremat.load_plan`
     on the same model structure and shapes)."""
     return _NNX.apply(plan, loss_fn)

@@ -28,8 +28,10 @@ from typing import Any
 import jax
 import optax
 
-from autoremat import _plan
+from autoremat import _planner
 from autoremat._budget import Budget, parse_budget
+from autoremat._errors import InfeasibleBudgetError
+from autoremat._plan import Plan
 
 
 def tree_bytes(tree: Any) -> int:
@@ -64,17 +66,17 @@ class TrainStep:
             return self.budget
         return max(1, self.budget - tree_bytes(opt_state))
 
-    def plan(self, params: Any, opt_state: Any, *batch: Any) -> _plan.Plan:
+    def plan(self, params: Any, opt_state: Any, *batch: Any) -> Plan:
         """The plan for the loss's gradient at these shapes (its ``budget_bytes`` is
         :meth:`loss_budget`)."""
         with self._whole_step(opt_state):
-            return _plan.plan(self.loss_fn, params, *batch, budget=self.loss_budget(opt_state),
+            return _planner.plan(self.loss_fn, params, *batch, budget=self.loss_budget(opt_state),
                               **self.plan_kw)
 
     def __call__(self, params: Any, opt_state: Any, *batch: Any) -> tuple[Any, Any, Any]:
         budget = self.loss_budget(opt_state)
         if budget not in self._losses:
-            self._losses[budget] = _plan.optimize(self.loss_fn, budget, **self.plan_kw)
+            self._losses[budget] = _planner.optimize(self.loss_fn, budget, **self.plan_kw)
         with self._whole_step(opt_state):
             loss, grads = jax.value_and_grad(self._losses[budget])(params, *batch)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
@@ -85,8 +87,8 @@ class TrainStep:
         """Restates the loss's infeasible budget for the whole step (state included)."""
         try:
             yield
-        except _plan.InfeasibleBudgetError as e:
+        except InfeasibleBudgetError as e:
             if isinstance(self.budget, float):
                 raise
-            raise _plan.InfeasibleBudgetError(
+            raise InfeasibleBudgetError(
                 self.budget, e.floor_bytes + tree_bytes(opt_state)) from None

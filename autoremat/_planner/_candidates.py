@@ -1,0 +1,96 @@
+"""Stage 1: the candidate placements of a program, and the problem of each."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+from autoremat_solvers import policy as policy_model
+
+from autoremat import _program, _solve, _trace
+from autoremat._graph import Graph
+from autoremat._placement import Placement
+from autoremat._plan import Plan
+from autoremat._planner._options import PlanOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A placement to solve, and the facts of the program it is traced on (the whole
+    program, or the program with its scans split as the placement says)."""
+
+    facts: _trace.ProgramFacts
+    placement: Placement
+
+    def problem(self, options: PlanOptions) -> tuple[Graph, policy_model.PolicyProblem]:
+        """The graph of this placement and its save/recompute (and offload) problem."""
+        _, graph = _trace.graph_of(self.facts.program, self.placement, self.facts)
+        return graph, _solve.problem_of(graph, options.op_times, options.offload)
+
+
+def candidates(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], options: PlanOptions
+               ) -> list[Candidate]:
+    """The placements the planner solves, in its order of preference: each of
+    :func:`autoremat._trace.candidate_cuts` with scans whole, then with scans split into
+    pieces (:func:`autoremat._program.scan_pieces_of`), then, as ``options`` ask, scans
+    nested and segments nested at the finest cuts."""
+    program = _trace.trace_program(flat_fn, avals, layout=options.layout)
+    programs = [program]
+    if any(pieces := _program.scan_pieces_of(program)):
+        programs.append(_trace.split_program(program, avals, pieces))
+    facts = [_trace.program_facts(p, split_from=None if p is program else program)
+             for p in programs]
+    found = [Candidate(f, Placement(cuts, f.program.scan_pieces)) for f in facts
+             for cuts in _trace.candidate_cuts(f.program)]
+    finest = Placement(_trace.segment_cuts(program))
+    if options.nested_scans and max(groups := _program.scan_groups_of(program), default=1) > 1:
+        found.append(Candidate(facts[0], dataclasses.replace(finest, scan_groups=groups)))
+    if options.nested_segments:
+        segments = sum(r.kind == "segment" for r in _program.split_regions(program, finest))
+        if segments >= 4:
+            group = round(math.sqrt(segments))
+            found.append(Candidate(facts[0], dataclasses.replace(finest, segment_group=group)))
+    return found
+
+
+def plan_of(graph: Graph, d: _solve.Decisions, budget_bytes: int, no_remat_peak: int,
+            options: PlanOptions) -> Plan:
+    """The :class:`Plan` of decisions ``d`` on ``graph``."""
+    return Plan(saved=d.saved, recomputed=d.recomputed, budget_bytes=budget_bytes,
+                peak_bytes=d.peak_bytes, saved_bytes=d.saved_bytes,
+                recompute_flops=d.recompute_flops, step_flops=graph.step_flops,
+                no_remat_peak_bytes=no_remat_peak, status=d.status, gap=d.gap,
+                placement=graph.placement, solve_seconds=d.solve_seconds, graph=graph,
+                offloaded=d.offloaded, offloaded_bytes=d.offloaded_bytes,
+                offload_flops=d.offload_flops, offload=options.offload, layout=graph.layout)
+
+
+# However long tracing took, each placement's solve gets at least this part of its equal
+# share of the time limit, so that a program slow to trace still gets a plan searched for.
+_MIN_SOLVER_SHARE = 0.25
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverClock:
+    """How the time limit is shared among the solves of ``placements`` placements, from
+    ``start`` (a :func:`time.perf_counter` reading)."""
+
+    time_limit_s: float
+    placements: int
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def share(self, left: int) -> float:
+        """Seconds the solver gets for the next of ``left`` solves still to run: an equal
+        part of what is left of the limit, but at least ``_MIN_SOLVER_SHARE`` of an equal
+        part of all of it."""
+        return solver_share(self.time_limit_s, time.perf_counter() - self.start, left,
+                            self.placements)
+
+
+def solver_share(time_limit_s: float, elapsed_s: float, left: int, placements: int) -> float:
+    """Seconds the solver gets for the next of the ``left`` placements still to solve (of
+    ``placements``), ``elapsed_s`` after planning started (see :class:`SolverClock`)."""
+    return max((time_limit_s - elapsed_s) / left, _MIN_SOLVER_SHARE * time_limit_s / placements)

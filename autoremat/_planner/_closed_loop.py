@@ -1,0 +1,175 @@
+"""Stage 4, with ``verify``: the closed loop against the real compiler.
+
+Each round plans for the model's budget less a margin per placement, compiles the plan,
+and learns from the compiler's peak. Each rule is a method of :class:`ClosedLoop`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from autoremat._budget import FLOOR, Budget, format_bytes
+from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError
+from autoremat._placement import Placement
+from autoremat._plan import Plan
+from autoremat._planner._search import Margins
+
+# Lowered a little past the measured excess, so the next plan does not land on the edge.
+MARGIN_BYTES = 2**20
+
+# How far the model's peak may be from the compiler's (within 10% on the zoo's plans but
+# for some at the no-remat end; see bench/results/): with ``verify``, the floor plans of
+# the placements whose model floor is within it of the least are compiled.
+MODEL_ERROR = 0.1
+
+
+def recompute_cost(p: Plan) -> int:
+    """What a plan adds to the step: its recomputed FLOPs and its offloads' cost."""
+    return p.recompute_flops + p.offload_flops
+
+
+@dataclasses.dataclass
+class ClosedLoop:
+    """The closed loop's state between rounds.
+
+    Attributes:
+      solve: the plan for a model budget (bytes, or ``"floor"``) under margins.
+      compiled_peak: the compiler's peak of a plan's step (one compile).
+      target: the compiler target (``Plan.verify_target`` of the result).
+      verify_rounds, refine_rounds: compiles before a plan fits, and after.
+      margins: per placement, how far below the budget its plans are solved (the model's
+        error on the compiler differs between placements).
+      unknown_margin: the margin of placements not compiled yet: the largest excess of the
+        compiler's peak over the model's seen so far, so that a round does not pick the
+        placement whose error is still unknown.
+      errors: per placement, the largest compiler peak less the model's.
+      budget_bytes: the budget the compiler's peak must fit (set by the first round).
+      lowest_peak: the lowest compiler peak of the plans compiled so far.
+      best: the plan that fit with the least recompute.
+      tries, refines: compiles before a plan fit, and after.
+      compiled: the decisions compiled so far.
+    """
+
+    solve: Callable[[Budget, Margins], Plan]
+    compiled_peak: Callable[[Plan], int]
+    target: str
+    verify_rounds: int
+    refine_rounds: int
+    margins: dict[Placement, int] = dataclasses.field(default_factory=dict)
+    unknown_margin: int = 0
+    errors: dict[Placement, int] = dataclasses.field(default_factory=dict)
+    budget_bytes: int | None = None
+    lowest_peak: int | None = None
+    best: Plan | None = None
+    tries: int = 0
+    refines: int = 0
+    compiled: set[tuple] = dataclasses.field(default_factory=set)
+
+    def run(self, budget: Budget) -> Plan:
+        """A plan whose compiler peak fits ``budget``: the cheapest found within the rounds.
+
+        Raises:
+          InfeasibleBudgetError: not even the model's floor plan fits on the compiler.
+          BudgetNotVerifiedError: no plan fit within ``verify_rounds`` compiles.
+        """
+        model_budget, peak = budget, 0
+        while self.rounds_left():
+            round_ = self.plan_round(model_budget)
+            if round_ is None:
+                break
+            plan, peak = round_
+            self.learn(plan, peak)
+            if peak <= self.budget_bytes:
+                self.fitted(plan, peak)
+            else:
+                self.exceeded(plan, peak)
+            model_budget = self.budget_bytes
+        if self.best is not None:
+            return self.best
+        raise BudgetNotVerifiedError(
+            f"after {self.verify_rounds} compiles for {self.target} the step still peaks at "
+            f"{format_bytes(peak)} against a budget of {format_bytes(self.budget_bytes)} (the "
+            f"lowest plan compiled peaked at {format_bytes(self.lowest_peak)}); raise "
+            "verify_rounds or the budget.")
+
+    def rounds_left(self) -> bool:
+        """Compiles are left: ``verify_rounds`` until a plan fits, ``refine_rounds`` after."""
+        if self.best is None:
+            return self.tries < self.verify_rounds
+        return self.refines < self.refine_rounds
+
+    def plan_round(self, model_budget: Budget) -> tuple[Plan, int] | None:
+        """This round's plan and its compiler peak; ``None`` when refining has nothing
+        cheaper left to try (or the model has no plan for the budget any more).
+
+        Below the model's floor, its floor plan (the one keeping the most room) may still
+        fit on the compiler; since the compiler's peak is not monotone in the model's, a
+        plan compiled in an earlier round may have come out lower, and the floor reported
+        is the lower.
+        """
+        try:
+            plan = self.solve(model_budget, Margins(dict(self.margins), self.unknown_margin))
+        except InfeasibleBudgetError as e:
+            if self.best is not None:
+                return None
+            self.budget_bytes = self.budget_bytes or e.budget_bytes
+            plan = self.solve(FLOOR, Margins())
+            peak = self.compiled_peak(plan)
+            if peak > self.budget_bytes:
+                raise InfeasibleBudgetError(self.budget_bytes,
+                                            min(peak, self.lowest_peak or peak)) from None
+            return plan, peak
+        self.budget_bytes = self.budget_bytes or plan.budget_bytes
+        decided = (plan.placement, plan.saved, plan.recomputed, plan.offloaded)
+        if self.best is not None and (decided in self.compiled or
+                                      recompute_cost(plan) >= recompute_cost(self.best)):
+            return None
+        self.compiled.add(decided)
+        return plan, self.compiled_peak(plan)
+
+    def learn(self, plan: Plan, peak: int) -> None:
+        """Counts the compile and records the compiler's error on the plan's placement."""
+        if self.best is None:
+            self.tries += 1
+        else:
+            self.refines += 1
+        self.lowest_peak = min(peak, self.lowest_peak or peak)
+        error = peak - plan.peak_bytes
+        self.errors[plan.placement] = max(self.errors.get(plan.placement, error), error)
+
+    def fitted(self, plan: Plan, peak: int) -> None:
+        """A plan fit: kept if cheapest so far; then each placement is solved again for the
+        budget its errors so far allow (looser where the compiler came out below the
+        model), those not compiled by the largest error seen."""
+        if self.best is None or recompute_cost(plan) < recompute_cost(self.best):
+            self.best = dataclasses.replace(plan, budget_bytes=self.budget_bytes,
+                                            verified_peak_bytes=peak, verify_target=self.target)
+        self.margins[plan.placement] = self.errors[plan.placement] + MARGIN_BYTES
+        self.unknown_margin = max(self.errors.values()) + MARGIN_BYTES
+
+    def exceeded(self, plan: Plan, peak: int) -> None:
+        """A plan did not fit: its placement is solved lower by the excess but at least
+        0.5% of the budget, more each round (the compiler's peak moves in steps: a plan a
+        few MiB lower can come out the same), and at least by as much as the compiler's
+        peak exceeded the model's for it. While refining, a margin loosened too far is
+        taken halfway back to what the placement's largest error allows."""
+        key, error = plan.placement, self.errors[plan.placement]
+        used = self.margins.get(key, self.unknown_margin) + (self.budget_bytes
+                                                             - plan.budget_bytes)
+        self.unknown_margin = max(self.unknown_margin, error + MARGIN_BYTES)
+        if self.best is not None and used < error:
+            self.margins[key] = (used + error + MARGIN_BYTES) // 2
+            return
+        rounds = self.tries if self.best is None else self.refines
+        step = rounds * max(peak - self.budget_bytes, self.budget_bytes // 200)
+        self.margins[key] = max(used + step, error) + MARGIN_BYTES
+
+
+def verified_floor(floors: Sequence[Plan], compiled_peak: Callable[[Plan], int], target: str
+                   ) -> Plan:
+    """Of the floor plans ``floors`` (the model's error differs between placements), the
+    one the compiler puts lowest."""
+    peak, k = min((compiled_peak(p), k) for k, p in enumerate(floors))
+    return dataclasses.replace(floors[k], budget_bytes=max(floors[k].budget_bytes, peak),
+                               verified_peak_bytes=peak, verify_target=target)

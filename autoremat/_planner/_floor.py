@@ -1,0 +1,72 @@
+"""Stage 3: plans for ``budget="floor"``, the least memory the model allows."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from autoremat_solvers import policy as policy_model
+from autoremat_solvers.milp import MilpStatus
+
+from autoremat import _solve
+from autoremat._errors import SolverTimeoutError
+from autoremat._graph import Graph
+from autoremat._plan import Plan
+from autoremat._planner._candidates import Candidate, SolverClock, plan_of
+from autoremat._planner._options import PlanOptions
+
+# The least-peak solve of one placement: its graph, problem and result.
+_Lowest = tuple[Graph, policy_model.PolicyProblem, policy_model.PolicyResult]
+
+
+def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: SolverClock,
+                within: float = 0.0) -> list[Plan]:
+    """For each placement whose least peak is within ``within`` (a fraction) of the least
+    over the placements, lowest first, its floor plan (:func:`_floor_plan`).
+
+    Raises:
+      SolverTimeoutError: the time limit passed before any least-peak plan was found.
+    """
+    lowest: list[_Lowest] = []
+    for k, candidate in enumerate(candidates):
+        graph, problem = candidate.problem(options)
+        lowest.append((graph, problem, policy_model.solve_min_peak(
+            problem, time_limit_s=clock.share(len(candidates) + 2 - k))))
+    found = sorted((r.peak, k) for k, (_, _, r) in enumerate(lowest) if r.save is not None)
+    if not found:
+        raise SolverTimeoutError("the solver found no plan for the floor budget; raise "
+                                 "time_limit_s.")
+    chosen = [(peak, k) for peak, k in found if peak <= found[0][0] * (1 + within)]
+    solves = [r for _, _, r in lowest]
+    return [_floor_plan(lowest[k], peak, solves, options, clock, left=2 * (len(chosen) - i))
+            for i, (peak, k) in enumerate(chosen)]
+
+
+def _floor_plan(lowest: _Lowest, peak: int, solves: Sequence[policy_model.PolicyResult],
+                options: PlanOptions, clock: SolverClock, left: int) -> Plan:
+    """The plan at a placement's least peak whose stages are lowest when no saved value is
+    taken to share the gradients' buffers (the least-recompute plan at the floor spends
+    that bound's slack on saving small values, which the compiler did not always fit:
+    GPT-2-small, TPU v5e), then the least recompute. It is ``"optimal"`` when every solve
+    (``solves`` and its own) was proven."""
+    graph, problem, floor = lowest
+    unpacked = dataclasses.replace(problem, unshared=None)
+    low = policy_model.solve_min_peak(unpacked, time_limit_s=clock.share(left))
+    result = policy_model.solve(unpacked, low.peak, time_limit_s=clock.share(left - 1))
+    solves = [*solves, low, result]
+    if result.save is None or policy_model.evaluate(
+            problem, result.save, result.recompute, result.offload)[1] > peak:
+        result = policy_model.solve(problem, peak, time_limit_s=clock.share(left - 1))
+        solves.append(result)
+    if result.save is None:  # the time limit stopped both: the least-peak plan stands
+        result = floor
+    proven = all(r.status is MilpStatus.OPTIMAL for r in solves)
+    result = dataclasses.replace(
+        result, peak=policy_model.evaluate(problem, result.save, result.recompute,
+                                           result.offload)[1],
+        status=MilpStatus.OPTIMAL if proven else MilpStatus.FEASIBLE,
+        gap=0.0 if proven else result.gap)
+    d = _solve.decisions(graph, problem, result)
+    no_remat = _solve.no_remat(graph, problem).peak_bytes
+    return dataclasses.replace(plan_of(graph, d, d.peak_bytes, no_remat, options),
+                               solve_seconds=sum(r.wall_s for r in solves))

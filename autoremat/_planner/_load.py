@@ -1,0 +1,86 @@
+"""Loading a policy file: its decisions found on a re-trace of the function, checked and
+costed afresh."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from autoremat_solvers import policy as policy_model
+from autoremat_solvers.milp import MilpStatus
+
+from autoremat import _rewrite, _solve, _trace
+from autoremat._graph import Graph
+from autoremat._plan import Plan
+from autoremat._planner._candidates import plan_of
+from autoremat._planner._options import PlanOptions
+from autoremat._policy_file import PolicyFile
+from autoremat._sites import Site
+
+
+def load_plan(path: str | os.PathLike, fn: Any, *args: Any, **kwargs: Any) -> Plan:
+    """The plan saved at ``path`` (by :meth:`Plan.save`), for ``fn(*args, **kwargs)``.
+
+    ``fn`` is traced again and each of the file's decisions found among its values; the
+    plan saves and recomputes the same values as the saved plan, and its figures are
+    predicted afresh, under the file's layout.
+
+    Args:
+      path: the policy file.
+      fn: the function the plan was made for.
+      *args, **kwargs: example arguments as for :func:`autoremat.plan` (only shapes and
+        dtypes).
+
+    Returns:
+      The :class:`autoremat.Plan`.
+
+    Raises:
+      OSError: the file cannot be read.
+      autoremat.PolicyFileError: the file is not a valid policy file; the message names
+        the field.
+      autoremat.PolicyMismatchError: the file does not match ``fn`` and these argument
+        shapes (a decision's values are not all found, the decisions are not a valid plan,
+        or their predicted peak exceeds the budget); the message lists the differences.
+    """
+    policy = PolicyFile.read(path)
+    flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
+    _, _, graph = _trace.trace(flat_fn, avals, policy.placement, policy.layout)
+    chosen, differences = policy.locate(graph)
+    if not differences:
+        d, differences = _evaluate(policy, graph, chosen)
+        differences = differences or policy.structure_differences(graph)
+    if differences:
+        raise policy.mismatch(os.fspath(path), differences)
+    no_remat = _solve.no_remat(graph, _solve.problem_of(graph)).peak_bytes
+    plan = plan_of(graph, d, policy.budget_bytes, no_remat, PlanOptions(offload=policy.offload))
+    return dataclasses.replace(plan, verified_peak_bytes=policy.verified_peak_bytes,
+                               verify_target=policy.target)
+
+
+def _evaluate(policy: PolicyFile, graph: Graph, chosen: Mapping[int, str]
+              ) -> tuple[_solve.Decisions, list[str]]:
+    """The figures of the actions ``chosen`` on ``graph``, and each rule of a valid plan
+    they break, and a peak over the file's budget. Status, gap and solve time are the
+    file's."""
+    problem = _solve.problem_of(graph, offload=policy.offload)
+    ids = graph.array("id").tolist()
+    save, recompute, offload = (np.array([chosen.get(i) == action for i in ids], dtype=bool)
+                                for action in ("save", "recompute", "offload"))
+    # The rules name values by index in graph.values: add where each is made.
+    sites = [str(Site.of(v)) for v in graph.values]
+    name = lambda m: f"{m.group(1)} {m.group(2)} ({sites[int(m.group(2))]})"
+    differences = [re.sub(r"(value|input) (\d+)", name, msg)
+                   for msg in policy_model.violations(problem, save, recompute, offload)]
+    cost, peak = policy_model.evaluate(problem, save, recompute, offload)
+    decisions = _solve.decisions(graph, problem, policy_model.PolicyResult(
+        MilpStatus(policy.status), save, recompute, cost, peak, cost, policy.gap,
+        policy.solve_seconds, offload if policy.offload is not None else None))
+    if decisions.peak_bytes > policy.budget_bytes:
+        differences.append(
+            f"predicted peak: {decisions.peak_bytes} bytes for the function, over the "
+            f"file's budget of {policy.budget_bytes} bytes")
+    return decisions, differences

@@ -1,0 +1,54 @@
+"""How to plan: every keyword of :func:`autoremat.plan` but the budget, as one record."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autoremat_solvers.milp import Progress
+
+from autoremat import _layout
+from autoremat._layout import Layout
+from autoremat._offload import OffloadConfig
+from autoremat._op_times import OpTimes
+
+BACKENDS = ("HIGHS", "SCIP", "CBC")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanOptions:
+    """The planning options :func:`autoremat.plan`, :func:`autoremat.optimize`, the command
+    line and the benchmark share (see :func:`autoremat.plan` for each).
+
+    Built once from the keywords of the entry point and passed whole down the stages, so
+    that no entry point can drift from another.
+
+    Raises:
+      ValueError: an option is out of range (``layout`` not ``"dense"`` or ``"tpu"``, a
+        backend not one of :data:`BACKENDS`, ``verify_rounds`` below 1, ``refine_rounds``
+        below 0, a time limit not positive).
+    """
+
+    time_limit_s: float = 60.0
+    backends: tuple[str, ...] = ("HIGHS", "SCIP")
+    verify: str | None = None
+    verify_rounds: int = 4
+    refine_rounds: int = 0
+    offload: OffloadConfig | None = None
+    progress: Progress | None = dataclasses.field(default=None, compare=False)
+    op_times: OpTimes | None = None
+    layout: Layout = "dense"
+    nested_scans: bool = False
+    nested_segments: bool = False
+
+    def __post_init__(self) -> None:
+        _layout.check(self.layout)
+        if not self.time_limit_s > 0:
+            raise ValueError(f"time_limit_s must be positive, not {self.time_limit_s!r}.")
+        unknown = [b for b in self.backends if b not in BACKENDS]
+        if unknown or not self.backends:
+            raise ValueError(f"backends {tuple(self.backends)!r}: choose from {BACKENDS}.")
+        if self.verify_rounds < 1:
+            raise ValueError(f"verify_rounds must be 1 or more, not {self.verify_rounds!r}.")
+        if self.refine_rounds < 0:
+            raise ValueError(f"refine_rounds must be 0 or more, not {self.refine_rounds!r}.")
+        object.__setattr__(self, "backends", tuple(self.backends))

@@ -1,0 +1,146 @@
+"""Stage 2: the least-recompute plan within a budget, over the candidate placements."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from autoremat_solvers import policy as policy_model
+from autoremat_solvers.milp import MilpStatus
+
+from autoremat import _solve
+from autoremat._budget import Budget, format_bytes, parse_budget
+from autoremat._errors import InfeasibleBudgetError, SolverTimeoutError
+from autoremat._graph import Graph
+from autoremat._placement import Placement
+from autoremat._plan import Plan
+from autoremat._planner._candidates import Candidate, SolverClock, plan_of
+from autoremat._planner._options import PlanOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class Margins:
+    """How far below the budget each placement is solved: the closed loop's correction for
+    how far the compiler's peak of that placement's plans came out above the model's
+    (``by_placement``), and ``default`` for placements without one."""
+
+    by_placement: Mapping[Placement, int] = dataclasses.field(default_factory=dict)
+    default: int = 0
+
+    def of(self, placement: Placement) -> int:
+        """The margin of ``placement``."""
+        return self.by_placement.get(placement, self.default)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    """What solving one placement gave: a plan and its cost in the solver's units (replay
+    included), a lower bound on that cost when not proven optimal, the least peak when
+    the budget was proven infeasible, or the problem when the budget is below what any of
+    its plans holds (its least peak is solved for only if no placement fits)."""
+
+    plan: Plan | None = None
+    cost: float = math.inf
+    bound: float = math.inf
+    floor: int | None = None
+    below: tuple[policy_model.PolicyProblem, int] | None = None
+    solve_seconds: float = 0.0
+
+
+def resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
+    """``budget`` in bytes: a fraction is of the no-remat activation memory, on top of the
+    arguments and gradients."""
+    parsed = parse_budget(budget)
+    if isinstance(parsed, int):
+        return parsed
+    return graph.fixed_bytes + int(parsed * (no_remat_peak - graph.fixed_bytes))
+
+
+def lower_bound(problem: policy_model.PolicyProblem) -> int:
+    """A peak no plan goes below: what every plan holds (the values it must save and the
+    bytes in use whatever the plan), nothing recomputed."""
+    nothing = np.zeros(problem.num_values, dtype=bool)
+    return int(policy_model.stage_bytes(problem, problem.must_save, nothing).max())
+
+
+def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions,
+           clock: SolverClock, margins: Margins = Margins()) -> Plan:
+    """The plan that costs least within ``budget`` over ``candidates``.
+
+    Each placement is solved in turn with its share of the time limit (``clock``), for the
+    budget less its margin; the plan that costs least (recompute, a nested group's forward
+    run again included, and offload, in the solver's units; then the lower peak, then the
+    earlier placement) is returned. It is ``"optimal"`` only when every placement was
+    solved to optimality or ruled out; otherwise its gap is to the least lower bound of
+    the placements the time limit stopped.
+
+    Raises:
+      InfeasibleBudgetError: no placement has a plan within the budget.
+      SolverTimeoutError: the time limit passed before any plan was found.
+    """
+    outcomes: list[_Outcome] = []
+    budget_bytes = 0
+    for k, candidate in enumerate(candidates):
+        graph, problem = candidate.problem(options)
+        baseline = _solve.no_remat(graph, problem)
+        if k == 0:
+            budget_bytes = resolve_budget(budget, graph, baseline.peak_bytes)
+        outcomes.append(_solve_placement(graph, problem, baseline, budget_bytes,
+                                         margins.of(graph.placement), options,
+                                         lambda k=k: clock.share(len(candidates) - k)))
+        if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
+            break
+    return _cheapest(outcomes, budget_bytes, options, clock)
+
+
+def _solve_placement(graph: Graph, problem: policy_model.PolicyProblem,
+                     baseline: _solve.Decisions, budget_bytes: int, margin: int,
+                     options: PlanOptions, share: callable) -> _Outcome:
+    """The :class:`_Outcome` of one placement within ``budget_bytes - margin``."""
+    replay = _solve.replay_cost(graph, problem)
+    within = budget_bytes - margin
+    if within >= baseline.peak_bytes:
+        # Saving everything fits, and recomputes nothing that can be saved: optimal.
+        return _Outcome(plan_of(graph, baseline, budget_bytes, baseline.peak_bytes, options),
+                        replay)
+    if within < lower_bound(problem):
+        return _Outcome(below=(problem, margin))
+    result = policy_model.solve(problem, within, time_limit_s=share(),
+                                backends=options.backends, progress=options.progress)
+    if result.status is MilpStatus.INFEASIBLE:
+        return _Outcome(floor=result.peak + margin, solve_seconds=result.wall_s)
+    bound = math.inf if result.status is MilpStatus.OPTIMAL else result.bound + replay
+    if result.status is MilpStatus.NO_SOLUTION:
+        return _Outcome(bound=bound, solve_seconds=result.wall_s)
+    d = _solve.decisions(graph, problem, result)
+    return _Outcome(plan_of(graph, d, budget_bytes, baseline.peak_bytes, options),
+                    result.cost + replay, bound, solve_seconds=result.wall_s)
+
+
+def _cheapest(outcomes: Sequence[_Outcome], budget_bytes: int, options: PlanOptions,
+              clock: SolverClock) -> Plan:
+    """The cheapest plan of ``outcomes``, its gap to the least bound of the others; or why
+    there is none."""
+    found = [o for o in outcomes if o.plan is not None]
+    spent = sum(o.solve_seconds for o in outcomes)
+    if found:
+        best = min(found, key=lambda o: (o.cost, o.plan.peak_bytes))
+        plan = dataclasses.replace(best.plan, solve_seconds=spent)
+        lower = min(o.bound for o in outcomes)
+        if lower < best.cost:
+            gap = max(plan.gap, (best.cost - max(0.0, lower)) / best.cost)
+            plan = dataclasses.replace(plan, status="feasible", gap=gap)
+        return plan
+    below = [o.below for o in outcomes if o.below is not None]
+    floors = [o.floor for o in outcomes if o.floor is not None]
+    if len(floors) + len(below) == len(outcomes):
+        lowest = [(policy_model.solve_min_peak(p, time_limit_s=clock.share(len(below) - k)), m)
+                  for k, (p, m) in enumerate(below)]
+        floors += [r.peak + m for r, m in lowest if r.save is not None]
+        if floors:
+            raise InfeasibleBudgetError(budget_bytes, min(floors))
+    raise SolverTimeoutError(
+        f"the solver found no plan within {options.time_limit_s} s for a budget of "
+        f"{format_bytes(budget_bytes)}; raise time_limit_s or the budget.")
