@@ -1,0 +1,140 @@
+"""Each rule of the closed loop (``autoremat._planner._closed_loop``), on a fake compiler."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import autoremat
+from autoremat._placement import Placement
+from autoremat._planner._closed_loop import MARGIN_BYTES, ClosedLoop, verified_floor
+from autoremat._planner._search import Margins
+from tests.models import MODELS
+
+BUDGET = 100 * 2**20
+A, B = Placement((1,)), Placement((2,))
+
+
+@pytest.fixture(scope="module")
+def base() -> autoremat.Plan:
+    loss, args = MODELS["mlp"]()
+    return autoremat.plan(loss, *args, budget=1.0)
+
+
+def _plan(base, peak, flops, placement=A, saved=frozenset()):
+    return dataclasses.replace(base, budget_bytes=BUDGET, peak_bytes=peak,
+                               recompute_flops=flops, placement=placement, saved=saved)
+
+
+def _loop(solve, compiled, verify_rounds=4, refine_rounds=0):
+    return ClosedLoop(solve, compiled, "tpu-v5e", verify_rounds, refine_rounds)
+
+
+def test_rounds_left_counts_verify_rounds_until_a_fit_then_refine_rounds(base):
+    loop = _loop(None, None, verify_rounds=2, refine_rounds=1)
+    assert loop.rounds_left()
+    loop.tries = 2
+    assert not loop.rounds_left()
+    loop.best = _plan(base, BUDGET, 0)
+    assert loop.rounds_left()
+    loop.refines = 1
+    assert not loop.rounds_left()
+
+
+def test_learn_counts_the_compile_and_keeps_the_largest_error(base):
+    loop = _loop(None, None)
+    loop.learn(_plan(base, 90, 0), 95)
+    loop.learn(_plan(base, 90, 0), 92)
+    assert (loop.tries, loop.refines, loop.errors[A], loop.lowest_peak) == (2, 0, 5, 92)
+    loop.best = _plan(base, 90, 0)
+    loop.learn(_plan(base, 90, 0), 99)
+    assert (loop.tries, loop.refines, loop.errors[A]) == (2, 1, 9)
+
+
+def test_fitted_keeps_the_cheapest_and_sets_margins_from_the_errors(base):
+    loop = _loop(None, None)
+    loop.budget_bytes = BUDGET
+    loop.errors = {A: -3 * MARGIN_BYTES, B: 2 * MARGIN_BYTES}
+    loop.fitted(_plan(base, BUDGET, 10), BUDGET - 1)
+    assert loop.best.verified_peak_bytes == BUDGET - 1 and loop.best.verify_target == "tpu-v5e"
+    # Looser than the model where the compiler came out below it; unknown placements by
+    # the largest error seen.
+    assert loop.margins[A] == -2 * MARGIN_BYTES
+    assert loop.unknown_margin == 3 * MARGIN_BYTES
+    loop.fitted(_plan(base, BUDGET, 20), BUDGET - 2)  # costlier: not kept
+    assert loop.best.recompute_flops == 10
+
+
+def test_exceeded_lowers_the_placement_by_the_excess_and_more_each_round(base):
+    loop = _loop(None, None)
+    loop.budget_bytes, loop.tries = BUDGET, 1
+    loop.errors = {A: 4 * MARGIN_BYTES}
+    loop.exceeded(_plan(base, BUDGET - 2 * MARGIN_BYTES, 0), BUDGET + 2 * MARGIN_BYTES)
+    first = loop.margins[A]
+    assert first >= 4 * MARGIN_BYTES + MARGIN_BYTES  # at least the model's error for it
+    assert loop.unknown_margin == 5 * MARGIN_BYTES
+    loop.tries = 2
+    loop.exceeded(_plan(base, BUDGET - 2 * MARGIN_BYTES, 0), BUDGET + MARGIN_BYTES // 10)
+    # The second round steps by at least 0.5% of the budget, twice over.
+    assert loop.margins[A] >= first + 2 * (BUDGET // 200)
+
+
+def test_exceeded_while_refining_goes_halfway_back_to_what_the_error_allows(base):
+    loop = _loop(None, None)
+    loop.budget_bytes, loop.best = BUDGET, _plan(base, BUDGET, 0)
+    loop.errors, loop.margins = {A: 4 * MARGIN_BYTES}, {A: 0}
+    loop.exceeded(_plan(base, BUDGET, 0), BUDGET + MARGIN_BYTES)
+    assert loop.margins[A] == (0 + 4 * MARGIN_BYTES + MARGIN_BYTES) // 2
+
+
+def test_plan_round_stops_refining_when_nothing_cheaper_is_left(base):
+    cheap = _plan(base, BUDGET, 5)
+    loop = _loop(lambda budget, margins: cheap, lambda p: BUDGET)
+    loop.budget_bytes, loop.best = BUDGET, _plan(base, BUDGET, 5)
+    assert loop.plan_round(BUDGET) is None  # not cheaper than the best
+    loop.best = _plan(base, BUDGET, 9)
+    assert loop.plan_round(BUDGET) == (cheap, BUDGET)
+    assert loop.plan_round(BUDGET) is None  # already compiled
+
+
+def test_plan_round_below_the_model_floor_compiles_the_floor_plan(base):
+    floor = _plan(base, BUDGET, 50)
+
+    def solve(budget, margins):
+        if budget != "floor":
+            raise autoremat.InfeasibleBudgetError(BUDGET, BUDGET + 1)
+        return floor
+
+    assert _loop(solve, lambda p: BUDGET - 5).plan_round(BUDGET) == (floor, BUDGET - 5)
+    loop = _loop(solve, lambda p: BUDGET + 7)
+    loop.lowest_peak = BUDGET + 3  # an earlier round came out lower
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        loop.plan_round(BUDGET)
+    assert info.value.floor_bytes == BUDGET + 3
+
+
+def test_run_converges_on_a_compiler_that_reads_high(base):
+    """The compiler puts every plan 3 MiB above the model; the loop lowers the model's
+    budget until a plan fits."""
+    asked: list[Margins] = []
+
+    def solve(budget, margins):
+        asked.append(margins)
+        return _plan(base, BUDGET - margins.of(A), BUDGET - margins.of(A))
+
+    plan = _loop(solve, lambda p: p.peak_bytes + 3 * MARGIN_BYTES).run(BUDGET)
+    assert plan.verified_peak_bytes <= BUDGET == plan.budget_bytes
+    assert asked[0] == Margins() and len(asked) <= 4
+
+
+def test_run_without_a_fit_says_how_far_it_got(base):
+    loop = _loop(lambda b, m: _plan(base, BUDGET, 0), lambda p: 2 * BUDGET, verify_rounds=2)
+    with pytest.raises(autoremat.BudgetNotVerifiedError, match="after 2 compiles"):
+        loop.run(BUDGET)
+
+
+def test_verified_floor_is_the_lowest_compiled(base):
+    floors = [_plan(base, 10, 0, A), _plan(base, 11, 0, B)]
+    chosen = verified_floor(floors, lambda p: {A: 30, B: 20}[p.placement], "tpu-v5e")
+    assert chosen.placement == B and chosen.verified_peak_bytes == 20

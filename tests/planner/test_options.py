@@ -1,0 +1,57 @@
+"""One options record for every entry point: ``plan``, ``optimize``, the CLI, the benchmark."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import pytest
+
+import autoremat
+from autoremat import _benchmark
+from autoremat._cli import _PLAN_OPTIONS
+
+
+def _fields() -> set[str]:
+    return {f.name for f in dataclasses.fields(autoremat.PlanOptions)}
+
+
+def test_plan_takes_exactly_the_options_and_the_budget():
+    keywords = {name for name, p in inspect.signature(autoremat.plan).parameters.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert keywords == _fields() | {"budget"}
+
+
+def test_plan_defaults_are_the_options_defaults():
+    params = inspect.signature(autoremat.plan).parameters
+    defaults = autoremat.PlanOptions()
+    for name in _fields():
+        assert params[name].default == getattr(defaults, name), name
+
+
+def test_optimize_takes_every_option_and_refuses_others():
+    autoremat.optimize(lambda x: x, budget="1GiB", verify="tpu-v5e", refine_rounds=2,
+                       op_times=None, progress=print, nested_scans=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'verfy'"):
+        autoremat.optimize(lambda x: x, budget="1GiB", verfy="tpu-v5e")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"layout": "sparse"}, "layout must be one of"),
+    ({"backends": ("GUROBI",)}, "choose from"),
+    ({"verify_rounds": 0}, "verify_rounds must be 1 or more"),
+    ({"refine_rounds": -1}, "refine_rounds must be 0 or more"),
+    ({"time_limit_s": 0}, "time_limit_s must be positive"),
+])
+def test_bad_options_are_refused_when_made(options, message):
+    with pytest.raises(ValueError, match=message):
+        autoremat.PlanOptions(**options)
+    with pytest.raises(ValueError, match=message):
+        autoremat.optimize(lambda x: x, budget="1GiB", **options)
+
+
+def test_the_cli_and_the_benchmark_take_the_record():
+    cli = {o(lambda: None).__click_params__[0].name for o in _PLAN_OPTIONS}
+    assert cli <= _fields()
+    assert inspect.signature(_benchmark.sweep).parameters["options"].annotation in (
+        "PlanOptions", autoremat.PlanOptions)
