@@ -214,7 +214,7 @@ def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int
     parse_budget(budget)
     planning = PlanOptions(**options)
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    cache: dict[Any, Callable] = {}
+    cache = _PlanCache()
     lock = threading.Lock()
 
     @functools.wraps(fn)
@@ -236,8 +236,38 @@ def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int
         with lock:
             apply = cache.get(key)
             if apply is None:
-                p = plan_with(bound, dynamic, kwargs, budget, planning)
-                apply = cache[key] = p.apply(bound)
+                apply = plan_with(bound, dynamic, kwargs, budget, planning).apply(bound)
+                cache.put(key, apply)
         return apply(*dynamic, **kwargs)
 
     return wrapped
+
+
+class _PlanCache:
+    """:func:`optimize`'s functions by call key. A key that cannot be hashed (a static
+    argument holding a list, as Flax NNX graph definitions of modules with list attributes
+    do) is looked up by equality, then identity."""
+
+    def __init__(self) -> None:
+        self._hashed: dict[Any, Callable] = {}
+        self._unhashable: list[tuple[Any, Callable]] = []
+
+    def get(self, key: Any) -> Callable | None:
+        try:
+            return self._hashed.get(key)
+        except TypeError:
+            return next((fn for k, fn in self._unhashable if _same(k, key)), None)
+
+    def put(self, key: Any, fn: Callable) -> None:
+        try:
+            self._hashed[key] = fn
+        except TypeError:
+            self._unhashable.append((key, fn))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two keys are equal (the same object, where ``==`` does not say)."""
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a static value whose == is not a bool
+        return a is b

@@ -1,0 +1,48 @@
+"""The entry points (``autoremat._planner._api``)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autoremat
+from autoremat._planner import _api
+
+
+def _loss(w, x, activations):
+    for name in activations:
+        x = (jnp.tanh if name == "tanh" else jnp.sin)(x @ w)
+    return jnp.sum(x ** 2)
+
+
+def test_optimize_plans_once_per_unhashable_static_value(monkeypatch):
+    made = []
+    real = _api.plan_with
+    monkeypatch.setattr(_api, "plan_with", lambda *a: made.append(1) or real(*a))
+    optimized = autoremat.optimize(_loss, budget=1.0, static_argnums=2)
+    w, x = jnp.ones((16, 16)) / 16, jnp.ones((8, 16))
+    for activations in (["tanh", "sin"], ["tanh", "sin"], ["sin", "sin", "tanh"]):
+        got = jax.grad(optimized)(w, x, activations)
+        np.testing.assert_allclose(got, jax.grad(_loss)(w, x, activations), rtol=1e-5)
+    assert len(made) == 2  # lists are unhashable: found again by equality
+
+
+def test_nnx_module_with_a_list_attribute():
+    nnx = pytest.importorskip("flax.nnx")
+    from autoremat.integrations import flax_nnx
+
+    class Block(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(16, 16, rngs=rngs)
+            self.activations = ["silu", "linear"]  # as MaxText's MLP blocks have
+
+        def __call__(self, x):
+            return nnx.silu(self.lin(x))
+
+    model, x = Block(nnx.Rngs(0)), jnp.ones((8, 16))
+    loss = lambda m, x: jnp.sum(m(x) ** 2)
+    optimized = flax_nnx.optimize(loss, budget=1.0)
+    assert float(optimized(model, x)) == pytest.approx(float(loss(model, x)), rel=1e-6)
+    assert float(optimized(model, x)) == pytest.approx(float(loss(model, x)), rel=1e-6)
