@@ -1,0 +1,150 @@
+"""MkDocs hook: files from outside ``docs/``, and API reference pages made from ``__all__``.
+
+* The notebooks (``notebooks/*.ipynb``, rendered by mkdocs-jupyter) and the benchmark
+  results (``bench/results/``, ``solvers/bench/results/``: tables, plots, JSON) are
+  served under the same paths they have in the repository, so the docs link to the one
+  copy of each figure instead of repeating it. Result pages missing from ``nav`` are
+  added to its "Results" section, so that a new table does not break the strict build.
+* ``reference/autoremat.md``, ``reference/zoo.md`` and ``reference/solvers.md`` are written
+  from the ``__all__`` of ``autoremat``, ``autoremat.zoo`` and ``autoremat_solvers``
+  (read from the source, nothing imported), grouped by :data:`GROUPS`; a name not in any
+  group is listed under "More", so every public name is documented.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File, Files
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# Repository folders served as they are, and the files of each that the site takes.
+EXTERNAL = {
+    "notebooks": ("*.ipynb",),
+    "bench/results": ("*.md", "*.png", "*.json"),
+    "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
+                              "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
+}
+RESULTS_SECTION = "Results"
+
+# Reference pages: (page, module, source of its __all__, title, intro, groups).
+# Groups are (heading, names); names no longer public are skipped.
+GROUPS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "autoremat": [
+        ("Planning", ("plan", "optimize", "Plan", "Placement", "parse_budget")),
+        ("Policy files", ("save_plan", "load_plan", "PolicyFile")),
+        ("The real compiler", ("measure_step", "fits", "Measurement", "TARGETS")),
+        ("Host offload", ("OffloadConfig",)),
+        ("Measured operation costs", ("measure_op_times", "OpTimes")),
+        ("Errors", ("InfeasibleBudgetError", "SolverTimeoutError", "BudgetNotVerifiedError",
+                    "CompilerUnavailableError", "UnsupportedProgramError",
+                    "PlanMismatchError", "PolicyFileError", "PolicyMismatchError")),
+    ],
+    "autoremat.zoo": [
+        ("Models", ("get", "ZOO", "ZooModel")),
+        ("MaxText presets", ("MAXTEXT_PRESETS", "preset_policy", "presets_for")),
+    ],
+    "autoremat_solvers": [
+        ("Solvers", ("SOLVERS", "BASELINES", "SolverResult", "SolveStatus")),
+        ("Graphs", ("ComputeGraph", "chain_training_graph", "random_layered_training_graph",
+                    "load_graph_json")),
+        ("Schedules and the simulator", ("Schedule", "SimResult", "simulate")),
+    ],
+}
+PAGES = {
+    "reference/autoremat.md": (
+        "autoremat", "autoremat/__init__.py", "autoremat",
+        "Every name in `autoremat.__all__` (this page is generated from it). "
+        "Framework helpers are in [Integrations](integrations.md), the bundled models in "
+        "[Zoo](zoo.md)."),
+    "reference/zoo.md": (
+        "autoremat.zoo", "autoremat/zoo/__init__.py", "autoremat.zoo",
+        "The bundled models (every name in `autoremat.zoo.__all__`)."),
+    "reference/solvers.md": (
+        "autoremat_solvers", "solvers/autoremat_solvers/__init__.py", "autoremat_solvers",
+        "The framework-free solvers over plain graphs (every name in "
+        "`autoremat_solvers.__all__`); see [Solvers on one interface]"
+        "(../research/solvers.md)."),
+}
+
+
+def public_names(source: str | pathlib.Path) -> list[str]:
+    """The names in a module's ``__all__`` (a literal list or tuple), read from its source."""
+    tree = ast.parse((ROOT / source).read_text(encoding="utf-8"))
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else [])
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            return list(ast.literal_eval(node.value))
+    raise ValueError(f"{source} has no literal __all__")
+
+
+def reference_page(module: str, source: str, title: str, intro: str) -> str:
+    """The markdown of a reference page: one mkdocstrings block per public name."""
+    names = public_names(source)
+    groups = [(h, [n for n in members if n in names]) for h, members in GROUPS[module]]
+    grouped = {n for _, members in groups for n in members}
+    groups.append(("More", [n for n in names if n not in grouped]))
+    lines = [f"# `{title}`", "", intro, ""]
+    for heading, members in groups:
+        if not members:
+            continue
+        lines += [f"## {heading}", ""]
+        for name in members:
+            lines += [f"::: {module}.{name}", "    options:", "      heading_level: 3", ""]
+    return "\n".join(lines)
+
+
+def _external_files(config) -> list[File]:
+    found = []
+    for folder, patterns in EXTERNAL.items():
+        seen = set()
+        for pattern in patterns:
+            for path in sorted((ROOT / folder).glob(pattern)):
+                if path.is_file() and path not in seen:
+                    seen.add(path)
+                    found.append(File(path.relative_to(ROOT).as_posix(), src_dir=str(ROOT),
+                                      dest_dir=config.site_dir,
+                                      use_directory_urls=config.use_directory_urls))
+    return found
+
+
+def _nav_pages(nav) -> set[str]:
+    """Every page path named in a ``nav`` configuration."""
+    if isinstance(nav, str):
+        return {nav}
+    if isinstance(nav, dict):
+        return set().union(*(_nav_pages(v) for v in nav.values()))
+    if isinstance(nav, list):
+        return set().union(set(), *(_nav_pages(v) for v in nav))
+    return set()
+
+
+def on_config(config):
+    """Adds result pages that ``nav`` does not name to its Results section."""
+    if not config.nav:
+        return config
+    named = _nav_pages(config.nav)
+    missing = [f.src_uri for f in _external_files(config)
+               if f.src_uri.endswith(".md") and f.src_uri not in named]
+    if missing:
+        section = next((e for e in config.nav
+                        if isinstance(e, dict) and RESULTS_SECTION in e), None)
+        if section is None:
+            section = {RESULTS_SECTION: []}
+            config.nav.append(section)
+        section[RESULTS_SECTION].extend(missing)
+    return config
+
+
+@event_priority(100)  # before mkdocs-jupyter's on_files, so that it sees the notebooks
+def on_files(files: Files, config) -> Files:
+    for file in _external_files(config):
+        files.append(file)
+    for page, (module, source, title, intro) in PAGES.items():
+        files.append(File.generated(config, page,
+                                    content=reference_page(module, source, title, intro)))
+    return files
