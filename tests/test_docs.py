@@ -138,6 +138,12 @@ def test_the_reference_follows_the_imported_all(site):
     assert {f"autoremat.{n}" for n in autoremat.__all__} <= ids
 
 
+def test_the_command_line_page_has_every_help(site):
+    text = (site / "how-to" / "cli" / "index.html").read_text(encoding="utf-8")
+    for command in ("", " demo", " plan", " report", " bench"):
+        assert f"Usage: autoremat{command} [OPTIONS]" in text, command
+
+
 def test_integrations_are_in_the_reference(site):
     ids = _parse(site / "reference" / "integrations" / "index.html").ids
     for name in ("flax_nnx.optimize", "flax_nnx.plan", "flax_nnx.apply", "equinox.optimize",

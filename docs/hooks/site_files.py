@@ -5,6 +5,9 @@
   served under the same paths they have in the repository, so the docs link to the one
   copy of each figure instead of repeating it. Result pages missing from ``nav`` are
   added to its "Results" section, so that a new table does not break the strict build.
+* ``<!-- autoremat-help: CMD ... -->`` in a page becomes the ``--help`` of ``autoremat``
+  and of each command named, as the installed command line prints them (so the page is
+  never out of date).
 * ``reference/autoremat.md``, ``reference/zoo.md`` and ``reference/solvers.md`` are written
   from the ``__all__`` of ``autoremat``, ``autoremat.zoo`` and ``autoremat_solvers``
   (read from the source, nothing imported), grouped by :data:`GROUPS`; a name not in any
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
@@ -34,12 +38,12 @@ RESULTS_SECTION = "Results"
 # Groups are (heading, names); names no longer public are skipped.
 GROUPS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "autoremat": [
-        ("Planning", ("plan", "optimize", "Plan", "Placement", "parse_budget")),
+        ("Planning", ("plan", "optimize", "Plan", "Placement", "PlanOptions", "parse_budget")),
         ("Policy files", ("save_plan", "load_plan", "PolicyFile")),
         ("The real compiler", ("measure_step", "fits", "Measurement", "TARGETS")),
         ("Host offload", ("OffloadConfig",)),
         ("Measured operation costs", ("measure_op_times", "OpTimes")),
-        ("Errors", ("InfeasibleBudgetError", "SolverTimeoutError", "BudgetNotVerifiedError",
+        ("Errors", ("AutorematError", "InfeasibleBudgetError", "SolverTimeoutError", "BudgetNotVerifiedError",
                     "CompilerUnavailableError", "UnsupportedProgramError",
                     "PlanMismatchError", "PolicyFileError", "PolicyMismatchError")),
     ],
@@ -148,3 +152,27 @@ def on_files(files: Files, config) -> Files:
         files.append(File.generated(config, page,
                                     content=reference_page(module, source, title, intro)))
     return files
+
+
+_HELP = re.compile(r"<!-- autoremat-help:([\w\s-]*)-->")
+
+
+def command_help(commands: list[str]) -> str:
+    """Markdown: the ``--help`` of ``autoremat`` and of each of ``commands``."""
+    from click.testing import CliRunner
+
+    from autoremat._cli import main
+
+    parts = []
+    for command in ["", *commands]:
+        args = [command, "--help"] if command else ["--help"]
+        result = CliRunner().invoke(main, args, prog_name="autoremat", terminal_width=80)
+        if result.exit_code != 0:
+            raise RuntimeError(f"autoremat {' '.join(args)} failed: {result.output}")
+        title = f"autoremat {command} --help" if command else "autoremat --help"
+        parts.append(f"### `{title}`\n\n```text\n{result.output.rstrip()}\n```\n")
+    return "\n".join(parts)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    return _HELP.sub(lambda m: command_help(m.group(1).split()), markdown)
