@@ -4,7 +4,9 @@
   results (``bench/results/``, ``solvers/bench/results/``: tables, plots, JSON) are
   served under the same paths they have in the repository, so the docs link to the one
   copy of each figure instead of repeating it. Result pages missing from ``nav`` are
-  added to its "Results" section, so that a new table does not break the strict build.
+  added to its "Results" section, so that a new table does not break the strict build,
+  and a result page shows the plot and links the JSON beside it (``MODEL.png``,
+  ``MODEL.json``; ``overhead.png`` and ``results.json`` for the solver benchmark).
 * ``<!-- autoremat-help: CMD ... -->`` in a page becomes the ``--help`` of ``autoremat``
   and of each command named, as the installed command line prints them (so the page is
   never out of date).
@@ -174,5 +176,21 @@ def command_help(commands: list[str]) -> str:
     return "\n".join(parts)
 
 
+def _beside(src_uri: str) -> str:
+    """Markdown for the plot and JSON next to a result page, if any."""
+    path = ROOT / src_uri
+    if not any(src_uri.startswith(f + "/") for f in EXTERNAL if "results" in f):
+        return ""
+    stems = [path.stem] if path.stem not in ("results", "README") else ["overhead", "results"]
+    extra = []
+    for stem in stems:
+        if (path.parent / f"{stem}.png").is_file():
+            extra.append(f"![{stem}]({stem}.png)")
+        if (path.parent / f"{stem}.json").is_file():
+            extra.append(f"The data: [`{stem}.json`]({stem}.json).")
+    return "\n\n" + "\n\n".join(extra) + "\n" if extra else ""
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    return _HELP.sub(lambda m: command_help(m.group(1).split()), markdown)
+    markdown = _HELP.sub(lambda m: command_help(m.group(1).split()), markdown)
+    return markdown + _beside(page.file.src_uri)
