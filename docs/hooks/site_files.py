@@ -1,6 +1,7 @@
 """MkDocs hook: files from outside ``docs/``, and API reference pages made from ``__all__``.
 
-* The notebooks (``notebooks/*.ipynb``, rendered by mkdocs-jupyter) and the benchmark
+* The notebooks (``notebooks/*.ipynb``, rendered by mkdocs-jupyter), the planner's README
+  (``autoremat/_planner/README.md``) and the benchmark
   results (``bench/results/``, ``solvers/bench/results/``: tables, plots, JSON) are
   served under the same paths they have in the repository, so the docs link to the one
   copy of each figure instead of repeating it. Result pages missing from ``nav`` are
@@ -30,6 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Repository folders served as they are, and the files of each that the site takes.
 EXTERNAL = {
     "notebooks": ("*.ipynb",),
+    "autoremat/_planner": ("README.md",),
     "bench/results": ("*.md", "*.png", "*.json"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
@@ -135,7 +137,8 @@ def on_config(config):
         return config
     named = _nav_pages(config.nav)
     missing = [f.src_uri for f in _external_files(config)
-               if f.src_uri.endswith(".md") and f.src_uri not in named]
+               if f.src_uri.endswith(".md") and "/results/" in f.src_uri
+               and f.src_uri not in named]
     if missing:
         section = next((e for e in config.nav
                         if isinstance(e, dict) and RESULTS_SECTION in e), None)
