@@ -1,8 +1,9 @@
 """Plan digests of every zoo ``-tiny`` model at three budgets, frozen before a refactor.
 
 The digests in ``tests/golden/plans.json`` were written by this module's ``__main__`` on
-the code before the redesign; the test checks the current code gives the same plans:
-the saved set, the placement, the predicted peak and the recompute.
+the code before the redesign (commit 7583ea8); the test checks the current code gives the
+same plans: the saved set, the placement, the predicted peak, the recompute and the
+solver's status.
 Regenerate (only when a change of plans is intended) with ``python -m tests.test_golden``.
 """
 
@@ -51,6 +52,7 @@ def digest(model: str, budget: str, option: str = "") -> dict:
         "placement": placement_of(p),
         "peak_bytes": p.peak_bytes,
         "recompute_flops": p.recompute_flops,
+        "status": p.status,
     }
 
 
@@ -63,10 +65,23 @@ def _key(model: str, budget: str, option: str) -> str:
     return f"{model}@{budget}" + (f"+{option}" if option else "")
 
 
-@pytest.mark.parametrize(("model", "budget", "option"), CASES, ids=[_key(*c) for c in CASES])
+def _proven() -> list[tuple[str, str, str]]:
+    """The cases whose golden plan the solver proved optimal. A plan the time limit stopped
+    (``"feasible"``: llama-unrolled-tiny at two thirds, about a minute of HiGHS) depends on
+    the machine's load, so it is no fixed point to compare with."""
+    golden = json.loads(GOLDEN.read_text())
+    return [c for c in CASES if golden[_key(*c)]["status"] == "optimal"]
+
+
+@pytest.mark.parametrize(("model", "budget", "option"), _proven(),
+                         ids=[_key(*c) for c in _proven()])
 def test_plan_unchanged(model, budget, option):
     expected = json.loads(GOLDEN.read_text())[_key(model, budget, option)]
     assert digest(model, budget, option) == expected
+
+
+def test_most_cases_are_proven():
+    assert len(_proven()) >= len(CASES) - 2
 
 
 if __name__ == "__main__":
