@@ -20,10 +20,23 @@ FLOOR = "floor"
 
 
 def parse_budget(budget: Budget) -> int | float | str:
-    """Returns bytes (int), a fraction (float in (0, 1]) or :data:`FLOOR`.
+    """A budget in one of its accepted forms, checked.
+
+    Args:
+      budget: an int of bytes; a string with a binary or decimal unit (``"6GiB"``,
+        ``"512MiB"``, ``"2GB"``); a float in (0, 1], the fraction of the no-remat
+        activation memory; or ``"floor"``, the least memory the model allows.
+
+    Returns:
+      Bytes (int), a fraction (float in (0, 1]) or :data:`FLOOR`.
 
     Raises:
       ValueError: ``budget`` is malformed or not positive; the message lists the forms.
+
+    Example:
+      >>> from autoremat import parse_budget
+      >>> parse_budget("1.5GiB"), parse_budget(0.4), parse_budget("floor")
+      (1610612736, 0.4, 'floor')
     """
     if isinstance(budget, bool):
         raise ValueError(f"budget {budget!r} is a bool; expected {ACCEPTED_FORMS}")  # noqa: TRY004

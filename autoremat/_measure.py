@@ -92,6 +92,14 @@ class Measurement:
         this measurement (repeated measurements of the same program are cached).
       host_temp_bytes: temporaries the compiler placed in host memory (residuals a plan
         offloads, see :class:`autoremat.OffloadConfig`); not part of ``peak_bytes``.
+
+    Example (needs ``pip install "autoremat[tpu]"``):
+      >>> import jax, jax.numpy as jnp, autoremat
+      >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> m = autoremat.measure_step(loss, w, x, target="tpu-v5e")
+      >>> m.peak_bytes >= m.argument_bytes
+      True
     """
 
     target: str
@@ -123,6 +131,15 @@ def measure_step(fn: Callable, *args: Any, target: str = "tpu-v5e",
       ValueError: ``target`` is unknown.
       CompilerUnavailableError: ``libtpu`` is not installed (TPU targets), or the process
         has no GPU (``"gpu"``).
+
+    Example (needs ``pip install "autoremat[tpu]"``):
+      >>> import jax, jax.numpy as jnp, autoremat
+      >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> plan = autoremat.plan(loss, w, x, budget="floor")
+      >>> real = autoremat.measure_step(plan.apply(loss), w, x, target="tpu-v5e")
+      >>> real.peak_bytes > 0
+      True
     """
     return _compile(fn, args, target, argnums, {})
 
@@ -156,6 +173,13 @@ def fits(fn: Callable, *args: Any, budget_bytes: int, target: str = "tpu-v5e",
     Raises:
       ValueError: ``target`` is not a TPU target, or the budget is below 1 MiB.
       CompilerUnavailableError: ``libtpu`` is not installed.
+
+    Example (needs ``pip install "autoremat[tpu]"``):
+      >>> import jax, jax.numpy as jnp, autoremat
+      >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> autoremat.fits(loss, w, x, budget_bytes=64 * 2**20, target="tpu-v5e")
+      True
     """
     if target not in TPU_TOPOLOGIES:
         raise ValueError(f"fits needs a TPU target, one of {sorted(TPU_TOPOLOGIES)}; "

@@ -85,6 +85,11 @@ class OffloadConfig:
         pass (see the module doc).
       scan_buffers: device copies of one iteration's value an offloaded scan residual is
         counted for in its region's forward and backward stage (copies in flight).
+
+    Example:
+      >>> import autoremat
+      >>> autoremat.OffloadConfig(host_budget="8GiB", target="tpu-v5e").host_budget_bytes
+      8589934592
     """
 
     host_budget: Budget

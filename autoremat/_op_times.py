@@ -55,6 +55,14 @@ class OpTimes:
       backend: the JAX backend they were measured on (``"cpu"``, ``"gpu"``, ``"tpu"``).
       seconds: value id to the seconds its operation takes once (one iteration of a
         scan), an operation's time split evenly among its outputs.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, autoremat
+      >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> times = autoremat.measure_op_times(loss, w, x, repeats=1)
+      >>> autoremat.OpTimes.from_json(times.to_json()) == times
+      True
     """
 
     fingerprint: str
@@ -84,6 +92,13 @@ def measure_op_times(fn: Callable, *args: Any, repeats: int = 5, **kwargs: Any) 
 
     Returns:
       :class:`OpTimes` for ``autoremat.plan(..., op_times=...)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, autoremat
+      >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> times = autoremat.measure_op_times(loss, w, x, repeats=1)
+      >>> plan = autoremat.plan(loss, w, x, budget="floor", op_times=times)
     """
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
     program = _trace.trace_program(flat_fn, avals)

@@ -49,6 +49,17 @@ class Plan:
         rate (see :class:`autoremat.OffloadConfig`).
       offload: the offload configuration the plan was made with (``None``: no offload).
       layout: how its bytes are counted: ``"dense"`` or ``"tpu"`` (see :func:`plan`).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, autoremat
+      >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> p = autoremat.plan(loss, w, x, budget="floor")
+      >>> p.peak_bytes <= p.budget_bytes and p.overhead >= 0
+      True
+      >>> grads = jax.grad(p.apply(loss))(w, x)
+      >>> print(p.report(max_rows=3).splitlines()[0])  # doctest: +ELLIPSIS
+      budget ...
     """
 
     saved: frozenset[int]

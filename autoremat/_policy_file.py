@@ -186,6 +186,14 @@ class PolicyFile:
       decisions: every save, recompute and offload, in program order of their first value.
       offload: the offload configuration the plan was made with, or ``None``.
       layout: how the values' bytes are counted (``Plan.layout``).
+
+    Example:
+      >>> import jax.numpy as jnp, autoremat
+      >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> policy = autoremat.PolicyFile.from_plan(autoremat.plan(loss, w, x, budget="floor"))
+      >>> autoremat.PolicyFile.from_json(policy.to_json()) == policy
+      True
     """
 
     autoremat_version: str
@@ -453,5 +461,19 @@ def _invalid(where: str, field: str, message: str) -> NoReturn:
 
 def save_plan(plan: Plan, path: str | os.PathLike) -> None:
     """Writes ``plan`` to a policy file at ``path`` (JSON), for :func:`autoremat.load_plan`
-    and ``autoremat report``; replaces any file there."""
+    and ``autoremat report``; replaces any file there.
+
+    Args:
+      plan: the plan.
+      path: where to write it.
+
+    Example:
+      >>> import os, tempfile, jax.numpy as jnp, autoremat
+      >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
+      >>> autoremat.save_plan(autoremat.plan(loss, w, x, budget=1.0), path)
+      >>> autoremat.load_plan(path, loss, w, x).recompute_flops
+      0
+    """
     PolicyFile.from_plan(plan).write(path)

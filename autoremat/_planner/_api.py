@@ -142,7 +142,7 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
       ...         x = jnp.tanh(x @ w)
       ...     return jnp.sum(x ** 2)
       >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
-      >>> p = autoremat.plan(loss, w, x, budget=0.5)
+      >>> p = autoremat.plan(loss, w, x, budget="floor")
       >>> grads = jax.grad(p.apply(loss))(w, x)
     """
     options = PlanOptions(time_limit_s=time_limit_s, backends=backends, verify=verify,
@@ -196,20 +196,35 @@ def optimize(fn: Callable, budget: Budget, *, static_argnums: int | Sequence[int
 
     The plan is made the first time the function is called (or traced) with a given
     structure, shapes and dtypes of arguments and values of the static arguments, and
-    reused after. ``options`` are :func:`plan`'s keywords (``time_limit_s``, ``verify``,
-    ``refine_rounds``, ``offload``, ``progress``, ``op_times``, ``layout``,
-    ``nested_scans``, ...; see :class:`PlanOptions`); see :func:`plan` for the budget
-    forms and errors.
+    reused after.
 
     Do not wrap the result in another ``jax.checkpoint``: the outer policy would win.
+
+    Args:
+      fn: the function to differentiate (a loss), as for :func:`plan`.
+      budget: as for :func:`plan`.
+      static_argnums: positions of arguments that are not arrays (hashable, or compared by
+        equality): a plan is made per value.
+      **options: :func:`plan`'s keywords (``time_limit_s``, ``verify``, ``refine_rounds``,
+        ``offload``, ``progress``, ``op_times``, ``layout``, ``nested_scans``, ...; see
+        :class:`PlanOptions`).
+
+    Returns:
+      ``fn`` planned: same signature, outputs and gradients. Planning errors
+      (:func:`plan`'s) are raised from its first call for a shape.
 
     Raises:
       ValueError: the budget is malformed, or an option is out of range.
       TypeError: an option is not one of :func:`plan`'s.
 
     Example:
-      >>> loss = autoremat.optimize(loss_fn, budget="6GiB")          # doctest: +SKIP
-      >>> grads = jax.jit(jax.grad(loss))(params, batch)             # doctest: +SKIP
+      >>> import jax, jax.numpy as jnp, autoremat
+      >>> def loss(w, x):
+      ...     for _ in range(4):
+      ...         x = jnp.tanh(x @ w)
+      ...     return jnp.sum(x ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> grads = jax.jit(jax.grad(autoremat.optimize(loss, budget="floor")))(w, x)
     """
     parse_budget(budget)
     planning = PlanOptions(**options)

@@ -45,6 +45,16 @@ def load_plan(path: str | os.PathLike, fn: Any, *args: Any, **kwargs: Any) -> Pl
       autoremat.PolicyMismatchError: the file does not match ``fn`` and these argument
         shapes (a decision's values are not all found, the decisions are not a valid plan,
         or their predicted peak exceeds the budget); the message lists the differences.
+
+    Example:
+      >>> import os, tempfile, jax.numpy as jnp, autoremat
+      >>> loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> plan = autoremat.plan(loss, w, x, budget="floor")
+      >>> path = os.path.join(tempfile.mkdtemp(), "plan.json")
+      >>> plan.save(path)
+      >>> autoremat.load_plan(path, loss, w, x).saved == plan.saved
+      True
     """
     policy = PolicyFile.read(path)
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)

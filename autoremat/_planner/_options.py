@@ -22,6 +22,25 @@ class PlanOptions:
     Built once from the keywords of the entry point and passed whole down the stages, so
     that no entry point can drift from another.
 
+    Attributes:
+      time_limit_s: stop planning after about this long with the best plan found.
+      backends: MIP backends tried in turn, from :data:`BACKENDS`.
+      verify: the compiler target of the closed loop (``"tpu-v5e"``, ...), or ``None``.
+      verify_rounds: the most compiles before a plan fits.
+      refine_rounds: the most compiles spent on cheaper plans once one fits.
+      offload: an :class:`autoremat.OffloadConfig`, or ``None`` for no offload.
+      progress: ``progress(elapsed_s, best, bound)``, called while the solver searches.
+      op_times: measured operation times (:func:`autoremat.measure_op_times`), or
+        ``None`` to cost recompute in FLOPs.
+      layout: ``"dense"`` or ``"tpu"``: how a value's bytes are counted.
+      nested_scans, nested_segments: also consider nested scans, nested segments.
+
+    Example:
+      >>> import autoremat
+      >>> options = autoremat.PlanOptions(verify="tpu-v5e", refine_rounds=2)
+      >>> options.verify_rounds
+      4
+
     Raises:
       ValueError: an option is out of range (``layout`` not ``"dense"`` or ``"tpu"``, a
         backend not one of :data:`BACKENDS`, ``verify_rounds`` below 1, ``refine_rounds``

@@ -40,24 +40,78 @@ def _merge(static: Hashable, arrays: Any) -> Any:
 
 _EQX = Functional(split=_split, merge=_merge)
 
+__all__ = ["apply", "optimize", "plan"]
+
 
 def optimize(loss_fn: Callable, budget: Budget, **plan_kw: Any) -> Callable:
     """``loss_fn(model, *args, **kwargs)`` with automatic remat under ``budget``.
 
     A plan is made on the first call for each model structure, static fields and
-    argument shapes (as :func:`autoremat.optimize`; ``plan_kw`` are its keywords). Same
-    signature, outputs and gradients as ``loss_fn``; static fields must be hashable.
+    argument shapes (as :func:`autoremat.optimize`).
+
+    Args:
+      loss_fn: ``loss_fn(model, *args, **kwargs)``, ``model`` an ``eqx.Module``.
+      budget: as for :func:`autoremat.plan`.
+      **plan_kw: :func:`autoremat.plan`'s keywords.
+
+    Returns:
+      ``loss_fn`` planned: same signature, outputs and gradients.
+
+    Example:
+      >>> import equinox as eqx, jax, jax.numpy as jnp
+      >>> import autoremat.integrations.equinox as ar_eqx
+      >>> model = eqx.nn.MLP(16, 1, 64, depth=4, key=jax.random.key(0))
+      >>> loss = lambda m, x: jnp.sum(jax.vmap(m)(x) ** 2)
+      >>> x = jnp.ones((32, 16))
+      >>> grads = eqx.filter_grad(ar_eqx.optimize(loss, budget="floor"))(model, x)
     """
     return _EQX.optimize(loss_fn, budget, **plan_kw)
 
 
 def plan(loss_fn: Callable, model: Any, *args: Any, budget: Budget, **kwargs: Any
          ) -> Plan:
-    """The :class:`autoremat.Plan` for ``loss_fn(model, *args, **kwargs)``; ``kwargs``
-    also take :func:`autoremat.plan`'s keywords."""
+    """The :class:`autoremat.Plan` for ``loss_fn(model, *args, **kwargs)``.
+
+    Args:
+      loss_fn: ``loss_fn(model, *args, **kwargs)``.
+      model: the ``eqx.Module`` (its arrays' shapes are used).
+      *args: the other example arguments.
+      budget: as for :func:`autoremat.plan`.
+      **kwargs: ``loss_fn``'s keywords and :func:`autoremat.plan`'s.
+
+    Returns:
+      The plan, to read, save or :func:`apply`.
+
+    Example:
+      >>> import equinox as eqx, jax, jax.numpy as jnp
+      >>> import autoremat.integrations.equinox as ar_eqx
+      >>> model = eqx.nn.MLP(16, 1, 64, depth=4, key=jax.random.key(0))
+      >>> loss = lambda m, x: jnp.sum(jax.vmap(m)(x) ** 2)
+      >>> p = ar_eqx.plan(loss, model, jnp.ones((32, 16)), budget="floor")
+      >>> fast_loss = ar_eqx.apply(p, loss)
+    """
     return _EQX.plan(loss_fn, model, *args, budget=budget, **kwargs)
 
 
 def apply(plan: Plan, loss_fn: Callable) -> Callable:
-    """``loss_fn`` following ``plan`` (made for the same model structure and shapes)."""
+    """``loss_fn`` following ``plan``.
+
+    Args:
+      plan: made by :func:`plan` (or :func:`autoremat.load_plan`) for the same model
+        structure and shapes.
+      loss_fn: the loss it was made for.
+
+    Returns:
+      ``loss_fn`` rewritten: same signature, outputs and gradients.
+
+    Example:
+      >>> import equinox as eqx, jax, jax.numpy as jnp
+      >>> import autoremat.integrations.equinox as ar_eqx
+      >>> model = eqx.nn.MLP(16, 1, 64, depth=4, key=jax.random.key(0))
+      >>> loss = lambda m, x: jnp.sum(jax.vmap(m)(x) ** 2)
+      >>> x = jnp.ones((32, 16))
+      >>> fast_loss = ar_eqx.apply(ar_eqx.plan(loss, model, x, budget="floor"), loss)
+      >>> bool(jnp.allclose(fast_loss(model, x), loss(model, x)))
+      True
+    """
     return _EQX.apply(plan, loss_fn)

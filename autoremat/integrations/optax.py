@@ -35,9 +35,25 @@ from autoremat._plan import Plan
 
 
 def tree_bytes(tree: Any) -> int:
-    """Bytes of the arrays in ``tree`` (arrays, tracers or ``jax.ShapeDtypeStruct``)."""
+    """Bytes of the arrays in ``tree``.
+
+    Args:
+      tree: a pytree of arrays, tracers or ``jax.ShapeDtypeStruct``.
+
+    Returns:
+      The sum of their elements times item sizes.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from autoremat.integrations.optax import tree_bytes
+      >>> tree_bytes({"w": jnp.ones((4, 8)), "b": jnp.ones(8, jnp.bfloat16)})
+      144
+    """
     return sum(math.prod(jax.numpy.shape(x)) * jax.numpy.result_type(x).itemsize
                for x in jax.tree.leaves(tree))
+
+
+__all__ = ["TrainStep", "tree_bytes"]
 
 
 class TrainStep:
@@ -46,9 +62,28 @@ class TrainStep:
     that fits ``budget`` together with the optimizer state. Jit it (and donate
     ``params`` and ``opt_state``) as any training step; a plan is made per shapes.
 
-    Raises (on the first call for a shape):
-      autoremat.InfeasibleBudgetError: with ``floor_bytes`` the smallest budget of the
-        whole step, optimizer state included.
+    Args:
+      loss_fn: ``loss_fn(params, *batch)``.
+      optimizer: the Optax transformation.
+      budget: peak bytes of the whole step, optimizer state included (the forms of
+        :func:`autoremat.plan`).
+      **plan_kw: :func:`autoremat.plan`'s keywords.
+
+    Raises:
+      autoremat.InfeasibleBudgetError: on the first call for a shape, with
+        ``floor_bytes`` the smallest budget of the whole step, optimizer state included.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, optax
+      >>> from autoremat.integrations import optax as ar_optax
+      >>> def loss(w, x):
+      ...     for _ in range(4):
+      ...         x = jnp.tanh(x @ w)
+      ...     return jnp.sum(x ** 2)
+      >>> w, x = jnp.ones((64, 64)) / 64, jnp.ones((32, 64))
+      >>> opt = optax.adam(1e-3)
+      >>> step = jax.jit(ar_optax.TrainStep(loss, opt, budget="floor"))
+      >>> w, state, value = step(w, opt.init(w), x)
     """
 
     def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation,
@@ -61,8 +96,8 @@ class TrainStep:
 
     def loss_budget(self, opt_state: Any) -> Budget:
         """The budget the loss's gradient is planned under: a byte budget less the
-        optimizer state's bytes (at least 1), a fraction unchanged."""
-        if isinstance(self.budget, float):
+        optimizer state's bytes (at least 1), a fraction or ``"floor"`` unchanged."""
+        if not isinstance(self.budget, int):
             return self.budget
         return max(1, self.budget - tree_bytes(opt_state))
 

@@ -38,8 +38,20 @@ MAXTEXT_PRESETS: dict[str, tuple[str, ...]] = {
 
 
 def presets_for(model: ZooModel) -> tuple[str, ...]:
-    """The presets that apply to ``model``: ``full``, and those that save at least one
-    of the names its tensors carry (the others would act as ``full``)."""
+    """The MaxText presets that apply to ``model``.
+
+    Args:
+      model: a zoo model.
+
+    Returns:
+      ``full``, and the presets that save at least one of the names its tensors carry
+      (the others would act as ``full``), in :data:`MAXTEXT_PRESETS` order.
+
+    Example:
+      >>> from autoremat import zoo
+      >>> zoo.presets_for(zoo.get("mlp-tiny"))
+      ('minimal_with_context', 'minimal', 'save_dot_except_mlpwi', 'full')
+    """
     return tuple(p for p, saved in MAXTEXT_PRESETS.items()
                  if not saved or set(saved) & set(model.names))
 
@@ -51,9 +63,17 @@ def preset_policy(preset: str, model: ZooModel) -> Callable:
       preset: a key of :data:`MAXTEXT_PRESETS`.
       model: the zoo model it is meant for (pass it to ``model.make_loss``).
 
+    Returns:
+      The policy, for ``model.make_loss(layer_policy=...)``.
+
     Raises:
       KeyError: ``preset`` is unknown.
       ValueError: the preset saves none of ``model.names`` (and is not ``full``).
+
+    Example:
+      >>> from autoremat import zoo
+      >>> m = zoo.get("mlp-tiny")
+      >>> loss = m.make_loss(zoo.preset_policy("minimal", m))
     """
     if preset not in MAXTEXT_PRESETS:
         raise KeyError(f"unknown MaxText preset {preset!r}; known: {', '.join(MAXTEXT_PRESETS)}")

@@ -17,6 +17,14 @@ from autoremat.zoo import gpt2, llama, mlp, resnet, unet
 class ZooModel:
     """A model and its batch, ready to plan or run.
 
+    Example:
+      >>> import autoremat
+      >>> m = autoremat.zoo.get("mlp-tiny")
+      >>> plan = autoremat.plan(m.make_loss(), m.param_shapes(), m.batch_shapes(),
+      ...                       budget="floor")
+      >>> plan.peak_bytes <= plan.no_remat_peak_bytes
+      True
+
     Attributes:
       name: the key in :data:`ZOO`; the small float32 test variants end in ``-tiny``.
       description: one line: architecture, layer count, shapes, dtype, parameter count.
@@ -84,8 +92,22 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
 def get(name: str) -> ZooModel:
     """The zoo model called ``name``.
 
+    Args:
+      name: a key of :data:`ZOO` (``"gpt2-small"``, ``"mlp-tiny"``, ...).
+
+    Returns:
+      The :class:`ZooModel`.
+
     Raises:
       KeyError: no such model; the message lists the known names.
+
+    Example:
+      >>> import jax
+      >>> from autoremat import zoo
+      >>> model = zoo.get("mlp-tiny")
+      >>> loss = model.make_loss()
+      >>> float(loss(*model.init(jax.random.key(0)))) > 0
+      True
     """
     try:
         return ZOO[name]
