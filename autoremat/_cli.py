@@ -22,7 +22,7 @@ import rich.console
 import rich.live
 import rich.spinner
 import rich.text
-from autoremat_solvers.milp import Progress
+from autoremat_ilp import Progress
 
 import autoremat
 from autoremat import _benchmark, _plots, zoo

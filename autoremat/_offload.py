@@ -8,7 +8,7 @@ pass reads it, and XLA turns them into asynchronous copies to and from host memo
 (memory space ``S(5)`` in the compiled program; ``memory_analysis().host_temp_size_in_bytes``
 counts the host buffers).
 
-The planning model (:mod:`autoremat_solvers.policy`): an offloaded value costs no device
+The planning model (:mod:`autoremat_ilp`): an offloaded value costs no device
 memory between its region's forward and backward stage; it is counted on the device in its
 region's forward stage and again in its region's backward stage (while it is produced and
 copied out, and while it is copied back and read), and in host memory for the whole step
@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import autoremat_ilp as ilp
 import numpy as np
-from autoremat_solvers import policy as policy_model
 
 from autoremat._budget import Budget, parse_budget
 from autoremat._graph import Graph
@@ -136,10 +136,9 @@ class OffloadConfig:
         return 2.0 / bandwidth * flops * (1.0 - self.overlap)
 
 
-def offload_problem(graph: Graph, problem: policy_model.PolicyProblem, config: OffloadConfig
-                    ) -> policy_model.PolicyProblem:
-    """``problem`` (from :func:`autoremat._solve.to_problem`) with offload allowed as
-    ``config`` says (model in the module doc)."""
+def offload_problem(graph: Graph, problem: ilp.Problem, config: OffloadConfig) -> ilp.Problem:
+    """``problem`` (the graph's, made by :func:`autoremat._solve.problem_of`, which calls
+    this) with offload allowed as ``config`` says (model in the module doc)."""
     lengths = np.array([r.length for r in graph.regions], dtype=np.int64)
     in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     primitive = [v.primitive for v in graph.values]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+import autoremat_ilp as ilp
 import numpy as np
-from autoremat_solvers import policy as policy_model
 
 from autoremat import _solve
 from autoremat._budget import format_bytes
@@ -79,13 +79,13 @@ def memory_stages(plan: Plan) -> tuple[list[str], np.ndarray, np.ndarray]:
       and under the plan that saves everything and recomputes nothing.
     """
     graph = plan.graph
-    problem = _solve.to_problem(graph)
+    problem = _solve.problem_of(graph)
     ids = graph.array("id")
     baseline = _solve.no_remat(graph, problem)
 
     def timeline(saved: frozenset[int], recomputed: frozenset[int]) -> np.ndarray:
-        stages = policy_model.stage_bytes(problem, np.isin(ids, list(saved)),
-                                          np.isin(ids, list(recomputed)))
+        stages = ilp.stage_bytes(problem, np.isin(ids, list(saved)),
+                                 np.isin(ids, list(recomputed)))
         regions = problem.num_regions  # backward stages come first, then forward
         return np.concatenate([stages[regions:], stages[:regions][::-1]]).astype(np.int64)
 

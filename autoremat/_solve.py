@@ -1,6 +1,6 @@
 """Solving: a :class:`Graph` and a budget to save/recompute decisions.
 
-The graph is stated as an :class:`autoremat_solvers.policy.PolicyProblem` (memory model
+The graph is stated as an :class:`autoremat_ilp.Problem` (:func:`problem_of`, memory model
 below) and solved as an integer program (HiGHS through highspy, then SCIP through OR-tools
 if HiGHS proves nothing in its share of the time). The regions are fixed here; :func:`autoremat.plan` solves each
 candidate placement of them (:func:`autoremat._trace.placements`) and keeps the cheapest.
@@ -33,7 +33,7 @@ more checkpoint that keeps only their inputs. A nested scan's carries at the gro
 are held from its forward to the end of its backward whatever the plan, and what a group
 of segments hands to later regions is saved as usual; every other saved value of a group
 is made again when the group's backward starts and held only at its regions' backward
-stages (``k`` instances at a time in a scan; the policy problem's ``nest``). Every plan
+stages (``k`` instances at a time in a scan; the problem's ``nest``). Every plan
 recomputes the group's forward once more (:func:`replay_cost`), and the values it
 recomputes besides, again.
 
@@ -62,9 +62,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import autoremat_ilp as ilp
 import numpy as np
-from autoremat_solvers import policy as policy_model
-from autoremat_solvers.milp import MilpStatus
 
 from autoremat._cost import fusible, moves_data
 from autoremat._graph import Graph
@@ -91,16 +90,10 @@ class Decisions:
 
 
 def problem_of(graph: Graph, op_times: OpTimes | None = None,
-               offload: OffloadConfig | None = None) -> policy_model.PolicyProblem:
-    """The graph's save/recompute problem (:func:`to_problem`), with offload allowed as
-    ``offload`` says (:func:`autoremat._offload.offload_problem`; ``None``: no offload).
-    Every caller builds its problem here."""
-    problem = to_problem(graph, op_times)
-    return problem if offload is None else offload_problem(graph, problem, offload)
-
-
-def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.PolicyProblem:
-    """The graph's save/recompute problem, with the memory model of the module doc.
+               offload: OffloadConfig | None = None) -> ilp.Problem:
+    """The graph's save/recompute problem, with the memory model of the module doc, and
+    with ``offload`` the offload choice too (:func:`autoremat._offload.offload_problem`;
+    ``None``: no offload). Every caller builds its problem here.
 
     Recompute costs are FLOPs, or measured times where ``op_times`` has them (see
     :mod:`autoremat._op_times`)."""
@@ -119,7 +112,7 @@ def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.Po
     held = graph.array("multiplicity") * graph.array("nbytes")
     in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     reserved_base, reserved_forward_base = graph.reserved_base_bytes()
-    return policy_model.PolicyProblem(
+    problem = ilp.Problem(
         cost=((graph.recompute_flops() if op_times is None else
                recompute_costs(graph, op_times)) + graph.iterations() * (1 + moved)).astype(float),
         held=held,
@@ -143,17 +136,18 @@ def to_problem(graph: Graph, op_times: OpTimes | None = None) -> policy_model.Po
         unshared=held > graph.largest_grad_bytes if graph.grad_bytes else None,
         nest=np.array([r.nest for r in graph.regions]) if nested.any() else None,
     )
+    return problem if offload is None else offload_problem(graph, problem, offload)
 
 
-def replay_cost(graph: Graph, problem: policy_model.PolicyProblem) -> float:
+def replay_cost(graph: Graph, problem: ilp.Problem) -> float:
     """What every plan on ``graph`` adds to the step whatever it decides, in ``problem``'s
     cost units (FLOP-equivalents): the forward pass of its nested scans, run again group
     by group, and its fixed FLOPs (:attr:`Graph.fixed_flops`)."""
     return float(problem.cost[graph.replays()].sum()) + graph.fixed_flops
 
 
-def decisions(graph: Graph, problem: policy_model.PolicyProblem,
-              result: policy_model.PolicyResult) -> Decisions:
+def decisions(graph: Graph, problem: ilp.Problem,
+              result: ilp.Solution) -> Decisions:
     """Reads a solver result back onto the graph's value ids."""
     ids = graph.array("id")
     flops = graph.recompute_flops()
@@ -170,17 +164,16 @@ def decisions(graph: Graph, problem: policy_model.PolicyProblem,
         gap=result.gap,
         solve_seconds=result.wall_s,
         offloaded=frozenset(int(i) for i in ids[offload]),
-        offloaded_bytes=policy_model.host_bytes(problem, offload),
+        offloaded_bytes=ilp.host_bytes(problem, offload),
         offload_flops=int(problem.offload_cost[offload].sum()) if offload.any() else 0,
     )
 
 
-def no_remat(graph: Graph, problem: policy_model.PolicyProblem) -> Decisions:
+def no_remat(graph: Graph, problem: ilp.Problem) -> Decisions:
     """The plan that saves every value the backward pass reads and recomputes nothing
     (only zero-cost reads of scan inputs are 'recomputed')."""
     save = problem.must_save | (problem.must_cover & problem.can_save)
     recompute = problem.must_cover & ~problem.can_save
-    cost, peak = policy_model.evaluate(problem, save, recompute)
-    result = policy_model.PolicyResult(MilpStatus.OPTIMAL, save, recompute, cost,
-                                       peak, cost, 0.0, 0.0)
+    cost, peak = ilp.evaluate(problem, save, recompute)
+    result = ilp.Solution(ilp.Status.OPTIMAL, save, recompute, cost, peak, cost, 0.0, 0.0)
     return decisions(graph, problem, result)

@@ -35,11 +35,11 @@ import traceback
 import warnings
 from typing import Any
 
+import autoremat_ilp as ilp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from autoremat_solvers import policy as policy_model
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -298,11 +298,11 @@ def check_program(program: Program, fraction: float) -> None:
     assert plan.peak_bytes <= budget
     assert plan == autoremat.plan(loss, *args, budget=budget)
 
-    problem = _solve.to_problem(plan.graph)
+    problem = _solve.problem_of(plan.graph)
     ids = plan.graph.array("id")
     save, recompute = np.isin(ids, list(plan.saved)), np.isin(ids, list(plan.recomputed))
-    assert policy_model.violations(problem, save, recompute) == []
-    assert policy_model.evaluate(problem, save, recompute)[1] == plan.peak_bytes
+    assert ilp.violations(problem, save, recompute) == []
+    assert ilp.evaluate(problem, save, recompute)[1] == plan.peak_bytes
 
     optimized = plan.apply(loss)
     actual = sum(int(np.prod(a.shape)) * a.dtype.itemsize

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 
+import autoremat_ilp as ilp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from autoremat_solvers import policy as policy_model
 
 import autoremat
 from autoremat import _layout, _measure, _rewrite, _solve, _trace
@@ -92,10 +92,10 @@ def test_tpu_plan_fits_its_budget_under_the_model_and_is_deterministic():
     plans = [autoremat.plan(_mlp_loss, W, X, budget=0.8, layout="tpu") for _ in range(2)]
     p = plans[0]
     assert p == plans[1] and p.layout == "tpu" and p.recomputed
-    problem = _solve.to_problem(p.graph)
+    problem = _solve.problem_of(p.graph)
     ids = p.graph.array("id")
     save, recompute = np.isin(ids, list(p.saved)), np.isin(ids, list(p.recomputed))
-    _, peak = policy_model.evaluate(problem, save, recompute)
+    _, peak = ilp.evaluate(problem, save, recompute)
     assert peak == p.peak_bytes <= p.budget_bytes
     dense = autoremat.plan(_mlp_loss, W, X, budget=0.8)
     assert dense.layout == "dense" and dense.no_remat_peak_bytes < p.no_remat_peak_bytes

@@ -1,37 +1,13 @@
-"""The gradients' buffers are allocated for the whole step (the second stage bound)."""
+"""The memory model on traced graphs: the gradients' buffers are allocated for the whole
+step (the second stage bound), a skip connection's cotangent is held across the layers it
+skips (the model over a problem: tests/ilp/test_memory.py)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from autoremat_solvers import policy as policy_model
 
 from autoremat import _solve, _trace
 from autoremat._placement import Placement
-
-
-def _two_regions(unshared):
-    """Two regions of one value each, both read by the backward pass."""
-    return policy_model.PolicyProblem(
-        cost=np.array([1.0, 1.0]), held=np.array([100, 10]), transient=np.array([50, 10]),
-        region=np.array([0, 1]), base=np.array([50, 40]), forward_base=np.array([5, 5]),
-        forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-        must_save=np.array([False, False]), can_save=np.array([True, True]),
-        can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64),
-        reserved_base=np.array([70, 70]), reserved_forward_base=np.array([25, 25]),
-        unshared=unshared)
-
-
-def test_a_saved_value_that_fits_no_gradient_buffer_is_counted_beside_all_of_them():
-    problem = _two_regions(np.array([True, False]))
-    save = np.array([True, True])
-    # First region's backward: 70 (all gradients) + 100 (saved, fits in none) > 50 + 100.
-    assert policy_model.evaluate(problem, save, ~save)[1] == 170
-    without = _two_regions(None)
-    assert policy_model.evaluate(without, save, ~save)[1] == 150
-    assert policy_model.solve(without, 160, time_limit_s=10).save.all()
-    result = policy_model.solve(problem, 160, time_limit_s=10)
-    assert not result.save[0] and result.peak == 120  # 70 + 50 recomputed
-    assert result.peak == policy_model.evaluate(problem, result.save, result.recompute)[1]
 
 
 def test_activations_larger_than_every_weight_cannot_share_the_gradients():
@@ -41,7 +17,7 @@ def test_activations_larger_than_every_weight_cannot_share_the_gradients():
     _, _, graph = _trace.trace(lambda *a: [loss(*a)], [jax.ShapeDtypeStruct(a.shape, a.dtype)
                                                        for a in (w1, w2, x)])
     assert graph.largest_grad_bytes == x.nbytes
-    problem = _solve.to_problem(graph)
+    problem = _solve.problem_of(graph)
     hidden = np.array([v.shape == (64, 32) for v in graph.values])
     assert problem.unshared[hidden].all() and not problem.unshared[~hidden].any()
     backward, forward = graph.reserved_base_bytes()

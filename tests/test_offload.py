@@ -1,5 +1,5 @@
-"""Host offload: the three-way model (keep, offload, recompute), its plans and what JAX and
-the TPU compiler do with them."""
+"""Host offload: the three-way model (keep, offload, recompute) on traced graphs, its plans
+and what JAX and the TPU compiler do with them (the model alone: tests/ilp/)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import dataclasses
 import importlib.util
 import re
 
+import autoremat_ilp as ilp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from autoremat_solvers import policy as policy_model
 
 import autoremat
-from autoremat import _measure, _offload, _solve, _trace
+from autoremat import _measure, _solve, _trace
 from autoremat.zoo import gpt2
 from tests import models
 
@@ -34,7 +34,7 @@ def _allclose(a, b) -> bool:
 
 def _problem(plan: autoremat.Plan, config: autoremat.OffloadConfig):
     graph = plan.graph
-    problem = _offload.offload_problem(graph, _solve.to_problem(graph), config)
+    problem = _solve.problem_of(graph, offload=config)
     ids = graph.array("id")
     masks = [np.isin(ids, list(s)) for s in (plan.saved, plan.recomputed, plan.offloaded)]
     return problem, masks
@@ -60,9 +60,9 @@ def test_offload_plan_keeps_gradients_and_fits(scanned, scanned_grads):
     assert p.peak_bytes <= p.budget_bytes
     assert 0 < p.offloaded_bytes <= CHEAP.host_budget_bytes
     problem, (save, recompute, offload) = _problem(p, CHEAP)
-    assert policy_model.violations(problem, save, recompute, offload) == []
-    assert policy_model.evaluate(problem, save, recompute, offload)[1] == p.peak_bytes
-    assert policy_model.host_bytes(problem, offload) == p.offloaded_bytes
+    assert ilp.violations(problem, save, recompute, offload) == []
+    assert ilp.evaluate(problem, save, recompute, offload)[1] == p.peak_bytes
+    assert ilp.host_bytes(problem, offload) == p.offloaded_bytes
     # Offloading replaces recomputation here: cheaper than the recompute-only plan.
     base = autoremat.plan(loss, *args, budget=budget)
     assert p.modeled_overhead < base.overhead
@@ -127,13 +127,13 @@ def test_without_offload_the_model_is_unchanged(scanned):
         loss, *args, budget=budget, offload=None)
     # Offload allowed but nothing offloadable: the very same integer program.
     _, _, graph = _trace.trace(*_flat(loss, args))
-    problem = _solve.to_problem(graph)
+    problem = _solve.problem_of(graph)
     none = dataclasses.replace(problem, can_offload=np.zeros(problem.num_values, bool),
                                offload_cost=np.zeros(problem.num_values),
                                offload_forward=problem.held, offload_backward=problem.held,
                                host_budget=0.0)
     for budget_arg in (budget, None):
-        a, b = policy_model._model(problem, budget_arg), policy_model._model(none, budget_arg)
+        a, b = ilp.build_model(problem, budget_arg).milp, ilp.build_model(none, budget_arg).milp
         assert (a.A != b.A).nnz == 0 and np.array_equal(a.c, b.c)
         assert np.array_equal(a.row_ub, b.row_ub) and np.array_equal(a.var_ub, b.var_ub)
 
@@ -186,37 +186,6 @@ def test_config_rejects_bad_values():
     cfg = autoremat.OffloadConfig(host_budget="1GiB", target="tpu-v5e", overlap=0.5)
     # 2 bytes moved per byte, at 1.5e10 B/s, priced at 197 TFLOP/s, half hidden.
     assert cfg.flops_per_byte == pytest.approx(2 / 1.5e10 * 197e12 * 0.5)
-
-
-def test_policy_model_three_way_choice():
-    # Two regions, one value each, 10 bytes; value 0 costs 100 to recompute. Kept, value 0
-    # stays through region 1's stages; offloaded (cost 3) it takes device memory only in
-    # region 0's forward and backward stages.
-    problem = policy_model.PolicyProblem(
-        cost=np.array([100.0, 1.0]), held=np.array([10, 10]), transient=np.array([10, 10]),
-        region=np.array([0, 1]), base=np.array([0, 0]), forward_base=np.array([5, 5]),
-        forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-        must_save=np.array([False, False]), can_save=np.array([True, True]),
-        can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-    three = dataclasses.replace(
-        problem, can_offload=np.array([True, False]), offload_cost=np.array([3.0, 0.0]),
-        offload_forward=np.array([10, 0]), offload_backward=np.array([10, 0]),
-        host_budget=10.0)
-    assert policy_model.solve(problem, 20).cost == 0  # keep both: region 1 backward at 20
-    assert policy_model.solve(problem, 15).cost == 100  # value 0 must be recomputed
-    t = policy_model.solve(three, 15)  # or offloaded: region 0 forward at 5 + 10
-    assert t.cost == 3 and t.offload.tolist() == [True, False]
-    assert t.save.tolist() == [False, True] and t.peak == 15
-    assert policy_model.violations(three, t.save, t.recompute, t.offload) == []
-    assert policy_model.stage_bytes(three, t.save, t.recompute, t.offload).tolist() == [
-        10, 10, 15, 5]
-    # The transfers' device bytes count: below 15 offload does not fit.
-    assert policy_model.solve(three, 10).cost == 100
-    # A host budget below the value's bytes rules offload out.
-    assert policy_model.solve(dataclasses.replace(three, host_budget=9.0), 15).cost == 100
-    assert policy_model.violations(three, t.save, t.recompute, np.array([True, True])) == [
-        "value 1 cannot be offloaded", "value 1 is both saved and offloaded",
-        "offloaded values take 20 bytes of host memory, over the host budget of 10"]
 
 
 @needs_libtpu

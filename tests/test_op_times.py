@@ -33,7 +33,8 @@ def test_times_cover_the_materializing_values_and_round_trip_as_json(gpt2):
 def test_measured_costs_keep_flops_for_fused_values_and_scale_the_rest(gpt2):
     loss, args, times = gpt2
     graph = autoremat.plan(loss, *args, budget=1.0).graph
-    by_flops, by_time = _solve.to_problem(graph).cost, _solve.to_problem(graph, times).cost
+    by_flops = _solve.problem_of(graph).cost
+    by_time = _solve.problem_of(graph, times).cost
     timed = np.array([v.id in times.seconds for v in graph.values])
     np.testing.assert_array_equal(by_flops[~timed], by_time[~timed])
     # Scaled to the measured rate: the timed values' total is their FLOPs' total.

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+import autoremat_ilp as ilp
 import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from autoremat_solvers import policy as policy_model
 
 import autoremat
 from autoremat import _benchmark, _measure, _program, _rewrite, _solve, _trace
@@ -189,9 +189,9 @@ def test_the_floor_budget_is_the_least_peak_keeping_the_most_room(model):
 
 
 def _unpacked_peak(plan: autoremat.Plan) -> int:
-    problem = dataclasses.replace(_solve.to_problem(plan.graph), unshared=None)
+    problem = dataclasses.replace(_solve.problem_of(plan.graph), unshared=None)
     ids = plan.graph.array("id")
-    return int(policy_model.stage_bytes(problem, np.isin(ids, list(plan.saved)),
+    return int(ilp.stage_bytes(problem, np.isin(ids, list(plan.saved)),
                                         np.isin(ids, list(plan.recomputed))).max())
 
 
@@ -284,9 +284,9 @@ def test_placement_search_keeps_the_cheapest_placement_and_the_lowest_floor():
     program = _trace.trace_program(flat_fn, avals)
     candidates = _trace.candidate_cuts(program)
     assert candidates[0] == _trace.segment_cuts(program) and len(set(candidates)) >= 2
-    problems = [_solve.to_problem(_trace.graph_of(program, Placement(cuts))[1])
+    problems = [_solve.problem_of(_trace.graph_of(program, Placement(cuts))[1])
                 for cuts in candidates]
-    floors = [policy_model.solve_min_peak(p).peak for p in problems]
+    floors = [ilp.solve_min_peak(p).peak for p in problems]
     floor = _floor(loss, args)
     assert floor == min(floors)
     lowest = autoremat.plan(loss, *args, budget=floor)
@@ -299,7 +299,7 @@ def test_placement_search_keeps_the_cheapest_placement_and_the_lowest_floor():
     # At a middle budget no placement is cheaper than the chosen one.
     budget = _mid_budget(loss, args)
     chosen = autoremat.plan(loss, *args, budget=budget)
-    costs = [policy_model.solve(p, chosen.budget_bytes).cost for p in problems]
+    costs = [ilp.solve(p, chosen.budget_bytes).cost for p in problems]
     assert chosen.recompute_flops <= min(costs) * (1 + 1e-3)
 
 
@@ -361,7 +361,7 @@ def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
     loss = _scanned_residual_mlp
     args, program = _scanned_residual_mlp_program(6)
     assert _program.scan_pieces_of(program) == ((1, 2, 3),)
-    whole = [_solve.to_problem(_trace.graph_of(program, Placement(cuts))[1])
+    whole = [_solve.problem_of(_trace.graph_of(program, Placement(cuts))[1])
              for cuts in _trace.candidate_cuts(program)]
     floor, full = _floor(loss, args), autoremat.plan(loss, *args, budget=1.0).peak_bytes
     for fraction in (0.1, 0.2, 0.3, 0.5, 0.7, 0.9):
@@ -370,7 +370,7 @@ def test_split_scans_let_iterations_differ_and_apply_as_planned(tmp_path):
             break
     assert chosen.placement.scan_pieces == ((1, 2, 3),)
     # The split is chosen only where it recomputes less than any whole-scan placement.
-    assert chosen.recompute_flops < min(policy_model.solve(p, chosen.budget_bytes).cost
+    assert chosen.recompute_flops < min(ilp.solve(p, chosen.budget_bytes).cost
                                         for p in whole)
     # Pieces are regions with their own decisions: some iterations save what others do not.
     per_iteration = [sum(v.nbytes for v in chosen.graph.values
@@ -411,7 +411,7 @@ def test_nested_scan_lowers_the_floor_and_applies_as_planned(tmp_path):
     loss = _scanned_residual_mlp
     args, program = _scanned_residual_mlp_program(9)
     assert _program.scan_groups_of(program) == (3,)
-    not_nested = min(policy_model.solve_min_peak(_solve.to_problem(
+    not_nested = min(ilp.solve_min_peak(_solve.problem_of(
         _trace.graph_of(program, Placement(cuts))[1])).peak for cuts in _trace.candidate_cuts(program))
     assert autoremat.plan(loss, *args, budget="floor").placement.scan_groups == ()
     lowest = autoremat.plan(loss, *args, budget="floor", nested_scans=True)

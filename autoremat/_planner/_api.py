@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-from autoremat_solvers.milp import Progress
+from autoremat_ilp import Progress
 
 from autoremat import _measure, _rewrite
 from autoremat._budget import FLOOR, Budget, parse_budget

@@ -7,8 +7,8 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+import autoremat_ilp as ilp
 import jax
-from autoremat_solvers import policy as policy_model
 
 from autoremat import _program, _solve, _trace
 from autoremat._graph import Graph
@@ -25,7 +25,7 @@ class Candidate:
     facts: _trace.ProgramFacts
     placement: Placement
 
-    def problem(self, options: PlanOptions) -> tuple[Graph, policy_model.PolicyProblem]:
+    def problem(self, options: PlanOptions) -> tuple[Graph, ilp.Problem]:
         """The graph of this placement and its save/recompute (and offload) problem."""
         _, graph = _trace.graph_of(self.facts.program, self.placement, self.facts)
         return graph, _solve.problem_of(graph, options.op_times, options.offload)

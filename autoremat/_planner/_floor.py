@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from autoremat_solvers import policy as policy_model
-from autoremat_solvers.milp import MilpStatus
+import autoremat_ilp as ilp
 
 from autoremat import _solve
 from autoremat._errors import SolverTimeoutError
@@ -16,7 +15,7 @@ from autoremat._planner._candidates import Candidate, SolverClock, plan_of
 from autoremat._planner._options import PlanOptions
 
 # The least-peak solve of one placement: its graph, problem and result.
-_Lowest = tuple[Graph, policy_model.PolicyProblem, policy_model.PolicyResult]
+_Lowest = tuple[Graph, ilp.Problem, ilp.Solution]
 
 
 def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: SolverClock,
@@ -30,7 +29,7 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
     lowest: list[_Lowest] = []
     for k, candidate in enumerate(candidates):
         graph, problem = candidate.problem(options)
-        lowest.append((graph, problem, policy_model.solve_min_peak(
+        lowest.append((graph, problem, ilp.solve_min_peak(
             problem, time_limit_s=clock.share(len(candidates) + 2 - k))))
     found = sorted((r.peak, k) for k, (_, _, r) in enumerate(lowest) if r.save is not None)
     if not found:
@@ -42,7 +41,7 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
             for i, (peak, k) in enumerate(chosen)]
 
 
-def _floor_plan(lowest: _Lowest, peak: int, solves: Sequence[policy_model.PolicyResult],
+def _floor_plan(lowest: _Lowest, peak: int, solves: Sequence[ilp.Solution],
                 options: PlanOptions, clock: SolverClock, left: int) -> Plan:
     """The plan at a placement's least peak whose stages are lowest when no saved value is
     taken to share the gradients' buffers (the least-recompute plan at the floor spends
@@ -51,20 +50,20 @@ def _floor_plan(lowest: _Lowest, peak: int, solves: Sequence[policy_model.Policy
     (``solves`` and its own) was proven."""
     graph, problem, floor = lowest
     unpacked = dataclasses.replace(problem, unshared=None)
-    low = policy_model.solve_min_peak(unpacked, time_limit_s=clock.share(left))
-    result = policy_model.solve(unpacked, low.peak, time_limit_s=clock.share(left - 1))
+    low = ilp.solve_min_peak(unpacked, time_limit_s=clock.share(left))
+    result = ilp.solve(unpacked, low.peak, time_limit_s=clock.share(left - 1))
     solves = [*solves, low, result]
-    if result.save is None or policy_model.evaluate(
+    if result.save is None or ilp.evaluate(
             problem, result.save, result.recompute, result.offload)[1] > peak:
-        result = policy_model.solve(problem, peak, time_limit_s=clock.share(left - 1))
+        result = ilp.solve(problem, peak, time_limit_s=clock.share(left - 1))
         solves.append(result)
     if result.save is None:  # the time limit stopped both: the least-peak plan stands
         result = floor
-    proven = all(r.status is MilpStatus.OPTIMAL for r in solves)
+    proven = all(r.status is ilp.Status.OPTIMAL for r in solves)
     result = dataclasses.replace(
-        result, peak=policy_model.evaluate(problem, result.save, result.recompute,
+        result, peak=ilp.evaluate(problem, result.save, result.recompute,
                                            result.offload)[1],
-        status=MilpStatus.OPTIMAL if proven else MilpStatus.FEASIBLE,
+        status=ilp.Status.OPTIMAL if proven else ilp.Status.FEASIBLE,
         gap=0.0 if proven else result.gap)
     d = _solve.decisions(graph, problem, result)
     no_remat = _solve.no_remat(graph, problem).peak_bytes

@@ -9,9 +9,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import autoremat_ilp as ilp
 import numpy as np
-from autoremat_solvers import policy as policy_model
-from autoremat_solvers.milp import MilpStatus
 
 from autoremat import _rewrite, _solve, _trace
 from autoremat._graph import Graph
@@ -84,10 +83,10 @@ def _evaluate(policy: PolicyFile, graph: Graph, chosen: Mapping[int, str]
     sites = [str(Site.of(v)) for v in graph.values]
     name = lambda m: f"{m.group(1)} {m.group(2)} ({sites[int(m.group(2))]})"
     differences = [re.sub(r"(value|input) (\d+)", name, msg)
-                   for msg in policy_model.violations(problem, save, recompute, offload)]
-    cost, peak = policy_model.evaluate(problem, save, recompute, offload)
-    decisions = _solve.decisions(graph, problem, policy_model.PolicyResult(
-        MilpStatus(policy.status), save, recompute, cost, peak, cost, policy.gap,
+                   for msg in ilp.violations(problem, save, recompute, offload)]
+    cost, peak = ilp.evaluate(problem, save, recompute, offload)
+    decisions = _solve.decisions(graph, problem, ilp.Solution(
+        ilp.Status(policy.status), save, recompute, cost, peak, cost, policy.gap,
         policy.solve_seconds, offload if policy.offload is not None else None))
     if decisions.peak_bytes > policy.budget_bytes:
         differences.append(

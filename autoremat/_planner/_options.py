@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from autoremat_solvers.milp import Progress
+from autoremat_ilp import Progress
 
 from autoremat import _layout
 from autoremat._layout import Layout

@@ -6,9 +6,8 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
+import autoremat_ilp as ilp
 import numpy as np
-from autoremat_solvers import policy as policy_model
-from autoremat_solvers.milp import MilpStatus
 
 from autoremat import _solve
 from autoremat._budget import Budget, format_bytes, parse_budget
@@ -45,7 +44,7 @@ class _Outcome:
     cost: float = math.inf
     bound: float = math.inf
     floor: int | None = None
-    below: tuple[policy_model.PolicyProblem, int] | None = None
+    below: tuple[ilp.Problem, int] | None = None
     solve_seconds: float = 0.0
 
 
@@ -58,11 +57,11 @@ def resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
     return graph.fixed_bytes + int(parsed * (no_remat_peak - graph.fixed_bytes))
 
 
-def lower_bound(problem: policy_model.PolicyProblem) -> int:
+def lower_bound(problem: ilp.Problem) -> int:
     """A peak no plan goes below: what every plan holds (the values it must save and the
     bytes in use whatever the plan), nothing recomputed."""
     nothing = np.zeros(problem.num_values, dtype=bool)
-    return int(policy_model.stage_bytes(problem, problem.must_save, nothing).max())
+    return int(ilp.stage_bytes(problem, problem.must_save, nothing).max())
 
 
 def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions,
@@ -95,7 +94,7 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
     return _cheapest(outcomes, budget_bytes, options, clock)
 
 
-def _solve_placement(graph: Graph, problem: policy_model.PolicyProblem,
+def _solve_placement(graph: Graph, problem: ilp.Problem,
                      baseline: _solve.Decisions, budget_bytes: int, margin: int,
                      options: PlanOptions, share: callable) -> _Outcome:
     """The :class:`_Outcome` of one placement within ``budget_bytes - margin``."""
@@ -107,12 +106,12 @@ def _solve_placement(graph: Graph, problem: policy_model.PolicyProblem,
                         replay)
     if within < lower_bound(problem):
         return _Outcome(below=(problem, margin))
-    result = policy_model.solve(problem, within, time_limit_s=share(),
+    result = ilp.solve(problem, within, time_limit_s=share(),
                                 backends=options.backends, progress=options.progress)
-    if result.status is MilpStatus.INFEASIBLE:
+    if result.status is ilp.Status.INFEASIBLE:
         return _Outcome(floor=result.peak + margin, solve_seconds=result.wall_s)
-    bound = math.inf if result.status is MilpStatus.OPTIMAL else result.bound + replay
-    if result.status is MilpStatus.NO_SOLUTION:
+    bound = math.inf if result.status is ilp.Status.OPTIMAL else result.bound + replay
+    if result.status is ilp.Status.NO_SOLUTION:
         return _Outcome(bound=bound, solve_seconds=result.wall_s)
     d = _solve.decisions(graph, problem, result)
     return _Outcome(plan_of(graph, d, budget_bytes, baseline.peak_bytes, options),
@@ -136,7 +135,7 @@ def _cheapest(outcomes: Sequence[_Outcome], budget_bytes: int, options: PlanOpti
     below = [o.below for o in outcomes if o.below is not None]
     floors = [o.floor for o in outcomes if o.floor is not None]
     if len(floors) + len(below) == len(outcomes):
-        lowest = [(policy_model.solve_min_peak(p, time_limit_s=clock.share(len(below) - k)), m)
+        lowest = [(ilp.solve_min_peak(p, time_limit_s=clock.share(len(below) - k)), m)
                   for k, (p, m) in enumerate(below)]
         floors += [r.peak + m for r, m in lowest if r.save is not None]
         if floors:

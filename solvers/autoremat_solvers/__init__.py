@@ -1,10 +1,13 @@
 """Framework-independent rematerialization solvers on Checkmate-style graphs and schedules.
 
 Every solver has the signature ``solve(graph, budget, time_limit_s) -> SolverResult``;
-:data:`SOLVERS` maps their names to them. :func:`simulate` checks any schedule.
+:data:`SOLVERS` maps their names to them. :func:`simulate` checks any schedule. The MILP
+front end and the status every solver reports (:class:`Status`) are :mod:`autoremat_ilp`'s.
 """
 
 from collections.abc import Callable
+
+from autoremat_ilp import Status
 
 from autoremat_solvers import (
     checkmate_lp_rounding,
@@ -13,7 +16,7 @@ from autoremat_solvers import (
     moccasin_cpsat,
     policy_schedule,
 )
-from autoremat_solvers.base import SolverResult, SolveStatus
+from autoremat_solvers.base import SolverResult
 from autoremat_solvers.baselines import BASELINES
 from autoremat_solvers.graph import (
     ComputeGraph,
@@ -38,8 +41,8 @@ __all__ = [
     "ComputeGraph",
     "Schedule",
     "SimResult",
-    "SolveStatus",
     "SolverResult",
+    "Status",
     "chain_training_graph",
     "load_graph_json",
     "random_layered_training_graph",

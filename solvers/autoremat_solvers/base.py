@@ -1,23 +1,15 @@
-"""The result type every solver returns."""
+"""The result type every solver returns (its status: :class:`autoremat_ilp.Status`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
+
+from autoremat_ilp import Status
 
 from autoremat_solvers.schedule import Schedule
 
-__all__ = ["SolveStatus", "SolverResult"]
-
-
-class SolveStatus(str, enum.Enum):
-    """Outcome of a solver call."""
-
-    OPTIMAL = "optimal"  # proven optimal for the solver's model
-    FEASIBLE = "feasible"  # a schedule, optimality not proven
-    INFEASIBLE = "infeasible"  # proven: no schedule fits the budget
-    NO_SOLUTION = "no_solution"  # none found (time limit, or a heuristic that does not fit)
+__all__ = ["SolverResult"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +21,7 @@ class SolverResult:
     """
 
     schedule: Schedule | None
-    status: SolveStatus
+    status: Status
     claimed_cost: float
     lower_bound: float
     wall_s: float
@@ -37,4 +29,4 @@ class SolverResult:
     @classmethod
     def below_floor(cls, wall_s: float) -> SolverResult:
         """The result for a budget under :meth:`ComputeGraph.memory_floor`."""
-        return cls(None, SolveStatus.INFEASIBLE, math.inf, math.inf, wall_s)
+        return cls(None, Status.INFEASIBLE, math.inf, math.inf, wall_s)

@@ -23,9 +23,10 @@ from collections.abc import Callable
 
 import networkx as nx
 import numpy as np
+from autoremat_ilp import Status
 
 from autoremat_solvers._stages import KeepPolicy, schedule_from_policy
-from autoremat_solvers.base import SolverResult, SolveStatus
+from autoremat_solvers.base import SolverResult
 from autoremat_solvers.graph import ComputeGraph
 from autoremat_solvers.schedule import Schedule, simulate
 
@@ -50,8 +51,8 @@ def _result(graph: ComputeGraph, budget: float, candidates: list[Schedule], star
             best = (sim.cost, schedule)
     wall_s = time.perf_counter() - start
     if best is None:
-        return SolverResult(None, SolveStatus.NO_SOLUTION, math.inf, graph.total_cost, wall_s)
-    return SolverResult(best[1], SolveStatus.FEASIBLE, best[0], graph.total_cost, wall_s)
+        return SolverResult(None, Status.NO_SOLUTION, math.inf, graph.total_cost, wall_s)
+    return SolverResult(best[1], Status.FEASIBLE, best[0], graph.total_cost, wall_s)
 
 
 def _forward_use_after(graph: ComputeGraph) -> Callable[[int, int], bool]:

@@ -15,12 +15,12 @@ import math
 import time
 
 import numpy as np
+from autoremat_ilp import Status, solve_milp
 
 from autoremat_solvers._stages import schedule_from_storage
-from autoremat_solvers.base import SolverResult, SolveStatus
+from autoremat_solvers.base import SolverResult
 from autoremat_solvers.checkmate_milp import build_checkmate_milp
 from autoremat_solvers.graph import ComputeGraph
-from autoremat_solvers.milp import MilpStatus, solve_milp
 from autoremat_solvers.schedule import Schedule, simulate
 
 __all__ = ["solve"]
@@ -67,9 +67,9 @@ def solve(
             break
         model = build_checkmate_milp(graph, budget * factor, integer=False)
         res = solve_milp(model.milp, backend=backend, time_limit_s=remaining)
-        if res.status is MilpStatus.INFEASIBLE and factor == 1.0:  # proves the MILP infeasible
-            return SolverResult(None, SolveStatus.INFEASIBLE, math.inf, math.inf, time.perf_counter() - start)
-        if res.status is not MilpStatus.OPTIMAL:
+        if res.status is Status.INFEASIBLE and factor == 1.0:  # proves the MILP infeasible
+            return SolverResult(None, Status.INFEASIBLE, math.inf, math.inf, time.perf_counter() - start)
+        if res.status is not Status.OPTIMAL:
             break
         if factor == 1.0:
             lower_bound = res.objective
@@ -82,5 +82,5 @@ def solve(
             break
     wall_s = time.perf_counter() - start
     if best is None:
-        return SolverResult(None, SolveStatus.NO_SOLUTION, math.inf, lower_bound, wall_s)
-    return SolverResult(best[1], SolveStatus.FEASIBLE, best[0], lower_bound, wall_s)
+        return SolverResult(None, Status.NO_SOLUTION, math.inf, lower_bound, wall_s)
+    return SolverResult(best[1], Status.FEASIBLE, best[0], lower_bound, wall_s)

@@ -24,21 +24,13 @@ import time
 
 import numpy as np
 import scipy.sparse as sp
+from autoremat_ilp import Milp, solve_milp
 
-from autoremat_solvers.base import SolverResult, SolveStatus
+from autoremat_solvers.base import SolverResult
 from autoremat_solvers.graph import ComputeGraph
-from autoremat_solvers.milp import Milp, MilpStatus, solve_milp
 from autoremat_solvers.schedule import Schedule
 
 __all__ = ["CheckmateModel", "build_checkmate_milp", "solve"]
-
-_STATUS = {
-    MilpStatus.OPTIMAL: SolveStatus.OPTIMAL,
-    MilpStatus.FEASIBLE: SolveStatus.FEASIBLE,
-    MilpStatus.INFEASIBLE: SolveStatus.INFEASIBLE,
-    MilpStatus.NO_SOLUTION: SolveStatus.NO_SOLUTION,
-}
-
 
 def _tri(t: np.ndarray, i: np.ndarray) -> np.ndarray:
     """Index of ``(t, i)``, ``i <= t``, in a row-major lower triangle with diagonal."""
@@ -230,5 +222,5 @@ def solve(
     if res.x is not None:
         R, S = model.matrices(res.x)
         schedule = Schedule(R > 0.5, S > 0.5)
-    return SolverResult(schedule, _STATUS[res.status], res.objective, res.bound, time.perf_counter() - start)
+    return SolverResult(schedule, res.status, res.objective, res.bound, time.perf_counter() - start)
 

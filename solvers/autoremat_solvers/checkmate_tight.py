@@ -46,10 +46,11 @@ import time
 
 import numpy as np
 import scipy.sparse as sp
+from autoremat_ilp import Status
 
 from autoremat_solvers import checkmate_milp
 from autoremat_solvers._stages import schedule_from_storage
-from autoremat_solvers.base import SolverResult, SolveStatus
+from autoremat_solvers.base import SolverResult
 from autoremat_solvers.graph import ComputeGraph
 from autoremat_solvers.schedule import Schedule, simulate
 
@@ -452,7 +453,7 @@ def solve(
                     log=log)
         info.update(lp_s=lp.wall_s, lp_bound=lp.objective, lp_status=lp.status)
         if lp.status == "Infeasible":
-            return SolverResult(None, SolveStatus.INFEASIBLE, math.inf, math.inf, time.perf_counter() - t_start)
+            return SolverResult(None, Status.INFEASIBLE, math.inf, math.inf, time.perf_counter() - t_start)
         if lp.x is not None:
             lp_x = lp.x
             lower = lp.objective
@@ -472,14 +473,14 @@ def solve(
     info.update(heuristics_s=time.perf_counter() - t_heur, start_source=None if best is None else best[1],
                 start_cost=None if best is None else best[0])
     if best is not None and integral_costs and lower > -math.inf and best[0] - lower < 1.0 - 1e-6:
-        return SolverResult(best[2], SolveStatus.OPTIMAL, best[0], lower, time.perf_counter() - t_start)
+        return SolverResult(best[2], Status.OPTIMAL, best[0], lower, time.perf_counter() - t_start)
     remaining = None if deadline is None else deadline - time.perf_counter()
     res = _highs(model, time_limit_s=remaining, relative_gap=relative_gap, start=None if best is None else best[3],
                  integral_costs=integral_costs, options=highs_options, log=log)
     info.update(milp_s=res.wall_s, milp_status=res.status, milp_bound=res.bound)
     wall_s = time.perf_counter() - t_start
     if res.status == "Infeasible":
-        return SolverResult(None, SolveStatus.INFEASIBLE, math.inf, math.inf, wall_s)
+        return SolverResult(None, Status.INFEASIBLE, math.inf, math.inf, wall_s)
     schedule, cost = None, math.inf
     if res.x is not None:
         R, S = model.matrices(res.x)
@@ -488,8 +489,8 @@ def solve(
     if best is not None and best[0] < cost:
         schedule, cost = best[2], best[0]
     if schedule is None:
-        return SolverResult(None, SolveStatus.NO_SOLUTION, math.inf, max(lower, res.bound), wall_s)
+        return SolverResult(None, Status.NO_SOLUTION, math.inf, max(lower, res.bound), wall_s)
     bound = min(max(lower, res.bound), cost)
     optimal = res.status == "Optimal" or cost - bound <= relative_gap * abs(cost) or (
         integral_costs and cost - bound < 1.0 - 1e-6)
-    return SolverResult(schedule, SolveStatus.OPTIMAL if optimal else SolveStatus.FEASIBLE, cost, bound, wall_s)
+    return SolverResult(schedule, Status.OPTIMAL if optimal else Status.FEASIBLE, cost, bound, wall_s)

@@ -37,10 +37,11 @@ import math
 import time
 
 import numpy as np
+from autoremat_ilp import Status
 from ortools.sat.python import cp_model
 
 from autoremat_solvers._stages import schedule_from_sequence, sequence_of
-from autoremat_solvers.base import SolverResult, SolveStatus
+from autoremat_solvers.base import SolverResult
 from autoremat_solvers.baselines import BASELINES
 from autoremat_solvers.graph import ComputeGraph
 from autoremat_solvers.schedule import Schedule
@@ -188,7 +189,7 @@ def _best_baseline(graph: ComputeGraph, budget: float) -> Schedule | None:
     return min(fitting, key=lambda r: r.claimed_cost).schedule if fitting else None
 
 
-_STATUS = {cp_model.OPTIMAL: SolveStatus.OPTIMAL, cp_model.FEASIBLE: SolveStatus.FEASIBLE}
+_STATUS = {cp_model.OPTIMAL: Status.OPTIMAL, cp_model.FEASIBLE: Status.FEASIBLE}
 
 
 def solve(
@@ -232,7 +233,7 @@ def solve(
     code = solver.Solve(im.model)
     wall_s = time.perf_counter() - start_time
     if code not in _STATUS:
-        return SolverResult(None, SolveStatus.NO_SOLUTION, math.inf, -math.inf, wall_s)
+        return SolverResult(None, Status.NO_SOLUTION, math.inf, -math.inf, wall_s)
     sequence = im.sequence(solver)
     bound = solver.BestObjectiveBound() / im.quantization.cost_scale
     cost = float(np.sum(np.asarray(graph.cost)[sequence]))

@@ -1,19 +1,20 @@
-"""JAX's policy-level model (:mod:`autoremat_solvers.policy`) on a Checkmate-style graph.
+"""JAX checkpoint policies planned with the library's model (:mod:`autoremat_ilp`) on a
+Checkmate-style graph.
 
 It shows what planning at the level of a ``jax.checkpoint`` policy costs compared with a
 full schedule. The forward nodes, in topological order, are cut into ``ceil(sqrt(m))``
 regions of consecutive nodes (one ``jax.checkpoint`` per block, as with
-``scan(checkpoint(layer))``); the policy picks which forward values to save, the others that
+``scan(checkpoint(layer))``); the plan's policy picks which forward values to save, the others that
 the backward reads are recomputed within their region, and values read by another
 region's forward nodes must be saved. (One region around the whole forward pass would
 recompute all unsaved values at once and fit no budget below the checkpoint-all peak.) The plan becomes a schedule in which saved values are
 kept, every missing value is recomputed on demand and then kept until its last use (the
 checkpoint policy of :mod:`autoremat_solvers.baselines`, with the plan's saved set).
 
-The policy model's memory is coarse (saved plus recomputed bytes, no time dimension), so
-its budget is searched by bisection: the largest policy budget whose schedule the
+The ILP's memory model is coarse (saved plus recomputed bytes, no time dimension), so
+its budget is searched by bisection: the largest ILP budget whose schedule the
 simulator accepts at the real budget wins. The lower bound reported is the cost of
-computing every node once; the policy MILP's bound holds only for its own memory model.
+computing every node once; the ILP's bound holds only for its own memory model.
 """
 
 from __future__ import annotations
@@ -21,20 +22,20 @@ from __future__ import annotations
 import math
 import time
 
+import autoremat_ilp as ilp
 import numpy as np
 
-from autoremat_solvers import policy
 from autoremat_solvers._stages import schedule_from_policy
-from autoremat_solvers.base import SolverResult, SolveStatus
+from autoremat_solvers.base import SolverResult
 from autoremat_solvers.baselines import checkpoint_policy
 from autoremat_solvers.graph import ComputeGraph
 from autoremat_solvers.schedule import Schedule, simulate
 
-__all__ = ["policy_problem", "solve"]
+__all__ = ["blockwise_problem", "solve"]
 
 
-def policy_problem(graph: ComputeGraph) -> tuple[policy.PolicyProblem, list[int]]:
-    """The blockwise policy problem over the forward nodes, and those nodes (value ``i`` is node ``fwd[i]``)."""
+def blockwise_problem(graph: ComputeGraph) -> tuple[ilp.Problem, list[int]]:
+    """The blockwise problem over the forward nodes, and those nodes (value ``i`` is node ``fwd[i]``)."""
     fwd = [v for v in range(graph.n) if not graph.backward[v]]
     n = len(fwd)
     index = {v: i for i, v in enumerate(fwd)}
@@ -45,7 +46,7 @@ def policy_problem(graph: ComputeGraph) -> tuple[policy.PolicyProblem, list[int]
     read_by_other_region[edges[region[edges[:, 0]] != region[edges[:, 1]], 0]] = True
     n_regions = int(region.max(initial=0)) + 1
     ram = np.asarray([graph.ram[v] for v in fwd], dtype=np.int64)
-    problem = policy.PolicyProblem(
+    problem = ilp.Problem(
         cost=np.asarray([graph.cost[v] for v in fwd], dtype=float),
         held=ram,
         transient=ram,
@@ -65,13 +66,13 @@ def policy_problem(graph: ComputeGraph) -> tuple[policy.PolicyProblem, list[int]
 def solve(
     graph: ComputeGraph, budget: float, time_limit_s: float | None = None, *, n_bisections: int = 8
 ) -> SolverResult:
-    """The cheapest schedule of a policy plan that fits ``budget`` (see the module docstring).
+    """The cheapest schedule of a checkpoint-policy plan that fits ``budget`` (see the module docstring).
 
     Args:
       graph: the graph.
       budget: memory budget in bytes.
-      time_limit_s: limit for all policy solves together.
-      n_bisections: policy budgets tried.
+      time_limit_s: limit for all ILP solves together.
+      n_bisections: ILP budgets tried.
 
     Returns:
       The cheapest schedule found that the simulator accepts, or ``NO_SOLUTION``.
@@ -79,13 +80,13 @@ def solve(
     start = time.perf_counter()
     if budget < graph.memory_floor():
         return SolverResult.below_floor(time.perf_counter() - start)
-    problem, fwd = policy_problem(graph)
+    problem, fwd = blockwise_problem(graph)
     share = 60.0 if time_limit_s is None else time_limit_s / n_bisections
     lo, hi = 0.0, float(budget)
-    policy_budget = hi
+    ilp_budget = hi
     best: tuple[float, Schedule] | None = None
     for _ in range(n_bisections):
-        plan = policy.solve(problem, int(policy_budget), time_limit_s=share, backends=("HIGHS",))
+        plan = ilp.solve(problem, int(ilp_budget), time_limit_s=share, backends=("HIGHS",))
         fits = False
         if plan.save is not None:
             saved = {fwd[i] for i in np.flatnonzero(plan.save)}
@@ -94,14 +95,14 @@ def solve(
             fits = sim.ok
             if fits and (best is None or sim.cost < best[0]):
                 best = (sim.cost, schedule)
-        if fits and policy_budget == budget:
+        if fits and ilp_budget == budget:
             break
-        if fits or plan.save is None:  # no plan: the policy budget is too tight for the policy
-            lo = policy_budget
+        if fits or plan.save is None:  # no plan: the ILP budget is too tight for the ILP
+            lo = ilp_budget
         else:
-            hi = policy_budget
-        policy_budget = (lo + hi) / 2
+            hi = ilp_budget
+        ilp_budget = (lo + hi) / 2
     wall_s = time.perf_counter() - start
     if best is None:
-        return SolverResult(None, SolveStatus.NO_SOLUTION, math.inf, graph.total_cost, wall_s)
-    return SolverResult(best[1], SolveStatus.FEASIBLE, best[0], graph.total_cost, wall_s)
+        return SolverResult(None, ilp.Status.NO_SOLUTION, math.inf, graph.total_cost, wall_s)
+    return SolverResult(best[1], ilp.Status.FEASIBLE, best[0], graph.total_cost, wall_s)

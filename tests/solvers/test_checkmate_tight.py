@@ -8,7 +8,7 @@ from autoremat_solvers import (
     BASELINES,
     SOLVERS,
     ComputeGraph,
-    SolveStatus,
+    Status,
     chain_training_graph,
     checkmate_tight,
     random_layered_training_graph,
@@ -37,10 +37,10 @@ CASES = [
 def test_same_optimum_as_plain_milp(g, frac):
     budget = _budget(g, frac)
     plain = SOLVERS["checkmate_milp"](g, budget, TIME_LIMIT_S)
-    assert plain.status is SolveStatus.OPTIMAL
+    assert plain.status is Status.OPTIMAL
     for kwargs in ({}, {"warm_start": False}, {"lp_rounding": True}, {"useful_rows": True}):
         res = checkmate_tight.solve(g, budget, TIME_LIMIT_S, **kwargs)
-        assert res.status is SolveStatus.OPTIMAL, kwargs
+        assert res.status is Status.OPTIMAL, kwargs
         sim = simulate(g, res.schedule, budget)
         assert sim.ok, sim.violations
         assert sim.cost == res.claimed_cost == plain.claimed_cost, kwargs
@@ -85,7 +85,7 @@ def test_liveness_fixes_out_dead_pairs():
 def test_below_floor_is_infeasible():
     g = random_layered_training_graph(5, 3, seed=3)
     res = checkmate_tight.solve(g, g.memory_floor() - 1, TIME_LIMIT_S)
-    assert res.status is SolveStatus.INFEASIBLE and res.schedule is None
+    assert res.status is Status.INFEASIBLE and res.schedule is None
 
 
 def test_warm_start_gives_an_incumbent_at_a_zero_limit():

@@ -5,7 +5,7 @@ import math
 import pytest
 from autoremat_solvers import (
     SOLVERS,
-    SolveStatus,
+    Status,
     chain_training_graph,
     moccasin_cpsat,
     random_layered_training_graph,
@@ -38,7 +38,7 @@ def test_matches_milp_optimum_and_passes_simulator(g, frac):
     budget = _budget(g, frac)
     milp = SOLVERS["checkmate_milp"](g, budget, TIME_LIMIT_S)
     res = moccasin_cpsat.solve(g, budget, TIME_LIMIT_S)
-    assert milp.status is SolveStatus.OPTIMAL and res.status is SolveStatus.OPTIMAL
+    assert milp.status is Status.OPTIMAL and res.status is Status.OPTIMAL
     sim = simulate(g, res.schedule, budget)
     assert sim.ok, sim.violations
     assert sim.cost == res.claimed_cost == milp.claimed_cost  # integer costs: quantization is exact here
@@ -48,7 +48,7 @@ def test_matches_milp_optimum_and_passes_simulator(g, frac):
 def test_below_floor_is_infeasible():
     g = random_layered_training_graph(5, 3, seed=3)
     res = moccasin_cpsat.solve(g, g.memory_floor() - 1, TIME_LIMIT_S)
-    assert res.status is SolveStatus.INFEASIBLE and res.schedule is None
+    assert res.status is Status.INFEASIBLE and res.schedule is None
 
 
 def test_memory_quantized_up_still_fits():

@@ -7,7 +7,7 @@ import pathlib
 import pytest
 from autoremat_solvers import (
     SOLVERS,
-    SolveStatus,
+    Status,
     chain_training_graph,
     load_graph_json,
     random_layered_training_graph,
@@ -49,7 +49,7 @@ def test_schedule_passes_simulator(graph_name, frac, solver):
     g = GRAPHS[graph_name]
     res = _solve(graph_name, solver, frac)
     if res.schedule is None:
-        assert res.status is SolveStatus.NO_SOLUTION and solver != "checkmate_milp"
+        assert res.status is Status.NO_SOLUTION and solver != "checkmate_milp"
         return
     sim = simulate(g, res.schedule, _budget(g, frac))
     assert sim.ok, sim.violations
@@ -60,7 +60,7 @@ def test_schedule_passes_simulator(graph_name, frac, solver):
 @pytest.mark.parametrize(("graph_name", "frac"), CASES)
 def test_milp_optimum_beats_every_solver(graph_name, frac):
     milp = _solve(graph_name, "checkmate_milp", frac)
-    assert milp.status is SolveStatus.OPTIMAL
+    assert milp.status is Status.OPTIMAL
     for solver in SOLVERS:
         res = _solve(graph_name, solver, frac)
         if res.schedule is not None:
@@ -82,7 +82,7 @@ def test_checkpoint_all_at_its_peak(graph_name):
 def test_below_floor_is_rejected(solver):
     g = GRAPHS["chain8"]
     res = SOLVERS[solver](g, g.memory_floor() - 1, TIME_LIMIT_S)
-    assert res.schedule is None and res.status in (SolveStatus.INFEASIBLE, SolveStatus.NO_SOLUTION)
+    assert res.schedule is None and res.status in (Status.INFEASIBLE, Status.NO_SOLUTION)
 
 
 def test_chain_baseline_memory_ordering():
@@ -97,7 +97,7 @@ def test_shared_vgg16_milp_at_90_percent():
     g = load_graph_json(SHARED / "VGG16__MLSys__256__224__224__3__train_nx.json")
     budget = 0.9 * _peak_all(g)
     res = SOLVERS["checkmate_milp"](g, budget, 60.0)
-    assert res.status is SolveStatus.OPTIMAL
+    assert res.status is Status.OPTIMAL
     sim = simulate(g, res.schedule, budget)
     assert sim.ok and sim.cost == res.claimed_cost < SOLVERS["chen_greedy"](g, budget).claimed_cost
-    assert SOLVERS["checkmate_milp"](g, 0.8 * _peak_all(g)).status is SolveStatus.INFEASIBLE  # below floor
+    assert SOLVERS["checkmate_milp"](g, 0.8 * _peak_all(g)).status is Status.INFEASIBLE  # below floor

@@ -2,8 +2,8 @@
 import collections
 import sys
 
+import autoremat_ilp as ilp
 import numpy as np
-from autoremat_solvers import policy as pm
 
 import autoremat
 from autoremat import _rewrite, _solve, _trace, zoo
@@ -16,10 +16,10 @@ flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
 _, _, gd = _trace.trace(flat_fn, avals, p.placement, "dense")
 ids = gd.array("id")
 save, rec = np.isin(ids, list(p.saved)), np.isin(ids, list(p.recomputed))
-prob_d = _solve.to_problem(gd); prob_t = _solve.to_problem(p.graph)
-print("tpu peak", p.peak_bytes / 2**20, "same plan dense peak", pm.evaluate(prob_d, save, rec)[1] / 2**20)
+prob_d = _solve.problem_of(gd); prob_t = _solve.problem_of(p.graph)
+print("tpu peak", p.peak_bytes / 2**20, "same plan dense peak", ilp.evaluate(prob_d, save, rec)[1] / 2**20)
 print("saved dense", prob_d.held[save].sum() / 2**20, "saved tpu", prob_t.held[save].sum() / 2**20)
-st = pm.stage_bytes(prob_t, save, rec); sd = pm.stage_bytes(prob_d, save, rec)
+st = ilp.stage_bytes(prob_t, save, rec); sd = ilp.stage_bytes(prob_d, save, rec)
 k = int(np.argmax(st)); print("peak stage", k, "of", len(st), "tpu", st[k] / 2**20, "dense", sd[k] / 2**20)
 c = collections.Counter()
 for v, vt, s in zip(gd.values, p.graph.values, save):

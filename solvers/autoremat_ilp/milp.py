@@ -1,9 +1,9 @@
 """A mixed-integer linear program in array form, solved with HiGHS (highspy) or OR-tools.
 
-Every solver in this package states its model as arrays (a cost vector, a sparse
-constraint matrix, bounds) and hands it to :func:`solve_milp`. Building models from
-arrays instead of Python expression objects keeps model construction linear-time and
-fast (about 50x faster at 100k variables, see ``shared/notes/remat-facts.md`` §4).
+Every model here and in ``autoremat_solvers`` is stated as arrays (a cost vector, a sparse
+constraint matrix, bounds) and handed to :func:`solve_milp`. Building models from arrays
+instead of Python expression objects keeps model construction linear-time and fast
+(measured: about 50x faster at 100k variables).
 
 Backends: ``"HIGHS"`` (default) through highspy, which reports its progress (best
 solution and bound) while it searches and, measured on the zoo's tiny models, solved 35
@@ -16,7 +16,6 @@ versions (a time limit that stops a search aside).
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import time
 from collections.abc import Callable
@@ -26,7 +25,9 @@ import numpy as np
 import scipy.sparse as sp
 from ortools.linear_solver import linear_solver_pb2, pywraplp
 
-__all__ = ["Milp", "MilpResult", "MilpStatus", "Progress", "solve_milp"]
+from autoremat_ilp.status import Status
+
+__all__ = ["Milp", "MilpResult", "Progress", "solve_milp"]
 
 Progress = Callable[[float, float, float], None]
 """``progress(elapsed_s, best, bound)``: seconds since the solve started, the objective of
@@ -34,15 +35,6 @@ the best solution found so far and the solver's lower bound on the optimum."""
 
 # Least seconds between two progress reports that bring no better solution.
 _PROGRESS_INTERVAL_S = 0.25
-
-
-class MilpStatus(str, enum.Enum):
-    """Outcome of a solve."""
-
-    OPTIMAL = "optimal"
-    FEASIBLE = "feasible"  # a solution, optimality not proven (time limit): see the gap
-    INFEASIBLE = "infeasible"
-    NO_SOLUTION = "no_solution"  # time limit reached before any solution was found
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -80,7 +72,7 @@ class Milp:
 class MilpResult:
     """A solve's outcome. ``x`` is ``None`` unless a solution was found."""
 
-    status: MilpStatus
+    status: Status
     x: np.ndarray | None
     objective: float
     bound: float
@@ -91,7 +83,7 @@ class MilpResult:
         """Relative gap between the solution and the proven lower bound (0 when optimal)."""
         if self.x is None:
             return math.inf
-        if self.status is MilpStatus.OPTIMAL:
+        if self.status is Status.OPTIMAL:
             return 0.0
         denom = max(abs(self.objective), 1e-9)
         return max(0.0, (self.objective - self.bound) / denom)
@@ -171,17 +163,17 @@ def _solve_highspy(milp: Milp, time_limit_s: float | None,
     status = h.getModelStatus()
     if status in (highspy.HighsModelStatus.kInfeasible,
                   highspy.HighsModelStatus.kUnboundedOrInfeasible):
-        return MilpResult(MilpStatus.INFEASIBLE, None, math.inf, math.inf, wall_s)
+        return MilpResult(Status.INFEASIBLE, None, math.inf, math.inf, wall_s)
     info = h.getInfo()
     if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-        return MilpResult(MilpStatus.NO_SOLUTION, None, math.inf, -math.inf, wall_s)
+        return MilpResult(Status.NO_SOLUTION, None, math.inf, -math.inf, wall_s)
     x = np.asarray(h.getSolution().col_value)
     x = np.where(milp.integer, np.round(x), x)
     objective = float(milp.c @ x)
     if status == highspy.HighsModelStatus.kOptimal:
-        return MilpResult(MilpStatus.OPTIMAL, x, objective, objective, wall_s)
+        return MilpResult(Status.OPTIMAL, x, objective, objective, wall_s)
     bound = float(info.mip_dual_bound) if milp.integer.any() else -math.inf
-    return MilpResult(MilpStatus.FEASIBLE, x, objective, bound, wall_s)
+    return MilpResult(Status.FEASIBLE, x, objective, bound, wall_s)
 
 
 def _to_highs_lp(milp: Milp) -> object:
@@ -252,13 +244,13 @@ def _solve_ortools(milp: Milp, backend: str, time_limit_s: float | None,
     code = solver.Solve(params)
     wall_s = time.perf_counter() - start
     if code == pywraplp.Solver.INFEASIBLE:
-        return MilpResult(MilpStatus.INFEASIBLE, None, math.inf, math.inf, wall_s)
+        return MilpResult(Status.INFEASIBLE, None, math.inf, math.inf, wall_s)
     if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        return MilpResult(MilpStatus.NO_SOLUTION, None, math.inf, -math.inf, wall_s)
+        return MilpResult(Status.NO_SOLUTION, None, math.inf, -math.inf, wall_s)
     x = np.array([v.solution_value() for v in solver.variables()])
     x = np.where(milp.integer, np.round(x), x)
     objective = float(milp.c @ x)
     if code == pywraplp.Solver.OPTIMAL:
-        return MilpResult(MilpStatus.OPTIMAL, x, objective, objective, wall_s)
+        return MilpResult(Status.OPTIMAL, x, objective, objective, wall_s)
     bound = float(solver.Objective().BestBound())
-    return MilpResult(MilpStatus.FEASIBLE, x, objective, bound, wall_s)
+    return MilpResult(Status.FEASIBLE, x, objective, bound, wall_s)

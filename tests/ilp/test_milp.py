@@ -1,21 +1,22 @@
-"""The MILP front end: HiGHS through highspy or OR-tools, and progress reports."""
+"""The MILP front end: HiGHS through highspy or OR-tools, and progress reports (on
+Checkmate's MILP of a small graph, a model that takes the solvers a few steps)."""
 
 import math
 
+import autoremat_solvers
 import pytest
+from autoremat_ilp import Milp, Status, solve_milp
 from autoremat_solvers import (
     checkmate_milp,
-    milp,
     random_layered_training_graph,
     simulate,
 )
 from autoremat_solvers.baselines import BASELINES
-from autoremat_solvers.milp import MilpStatus, solve_milp
 
 GRAPH = random_layered_training_graph(5, 3, seed=3)
 
 
-def _model() -> milp.Milp:
+def _model() -> Milp:
     """Checkmate's MILP halfway between the memory floor and the checkpoint-all peak."""
     peak = simulate(GRAPH, BASELINES["checkpoint_all"](GRAPH, math.inf).schedule,
                     math.inf).peak_ram
@@ -27,7 +28,7 @@ def test_highs_and_scip_reach_the_same_optimum():
     model = _model()
     highs = solve_milp(model, relative_gap=1e-6)
     scip = solve_milp(model, backend="SCIP", relative_gap=1e-6)
-    assert highs.status is scip.status is MilpStatus.OPTIMAL
+    assert highs.status is scip.status is Status.OPTIMAL
     assert highs.objective == pytest.approx(scip.objective, rel=1e-6)
 
 
@@ -35,7 +36,7 @@ def test_highs_and_scip_reach_the_same_optimum():
 def test_progress_reports_best_above_bound_and_ends_with_the_result(backend):
     calls = []
     result = solve_milp(_model(), backend=backend, progress=lambda *a: calls.append(a))
-    assert result.status is MilpStatus.OPTIMAL
+    assert result.status is Status.OPTIMAL
     assert calls and calls[-1][1:] == (result.objective, result.bound)
     for elapsed, best, bound in calls:
         assert elapsed >= 0 and math.isfinite(best) and best >= bound
@@ -49,3 +50,9 @@ def test_an_exception_in_progress_stops_the_solve_and_is_raised():
 
     with pytest.raises(KeyboardInterrupt):
         solve_milp(_model(), progress=stop)
+
+
+def test_one_status_for_the_milp_and_the_research_solvers():
+    assert autoremat_solvers.Status is Status
+    result = autoremat_solvers.SOLVERS["checkmate_milp"](GRAPH, math.inf)
+    assert result.status is Status.OPTIMAL

@@ -1,0 +1,181 @@
+"""The memory model over a :class:`~autoremat_ilp.problem.Problem`, in exact integers.
+
+The backward pass visits the regions in reverse; at region ``i``'s backward and forward
+stages the bytes in use are::
+
+    backward[i] = base[i] + sum(held[v] * save[v] for v in regions <= i)
+                          + sum(transient[v] * recompute[v] for v in region i)
+    forward[i]  = forward_base[i] + sum(held[v] * save[v] for v in regions < i)
+                                  + sum(forward_held[v] * save[v] for v in region i)
+
+(the values saved so far stay until their region's backward has run; the values region
+``i`` recomputes are live together during its backward). The plan's peak is the largest
+stage.
+
+Nested regions (``nest``): regions sharing a ``nest`` id form a group run inside one more
+checkpoint that keeps only the group's inputs, its forward run again when its backward
+starts; their saved values are then held only at the backward stages of their group's
+regions ``>=`` their own (the sums above skip them elsewhere): :func:`windows`.
+
+Host offload (``can_offload``): an offloaded value is copied to host memory in its
+region's forward pass and brought back for its region's backward pass, so it adds
+``offload_forward[v]`` to ``forward[i]`` and ``offload_backward[v]`` to ``backward[i]``
+and nothing to the stages in between, and takes ``held[v]`` bytes of host memory.
+
+Reserved buffers (``unshared``): buffers that exist for the whole step (the compiler
+allocates the step's outputs apart, whatever their live range) but can hold any value
+that fits in one of them and is dead by the time it is written. Each stage then has a
+second bound, ``reserved_base[i]`` (backward) or ``reserved_forward_base[i]`` (forward)
+plus the same terms with the saved values restricted to ``unshared`` (those that fit in
+no reserved buffer): a stage's bytes are the larger of the two (the values that fit are
+taken to pack into the reserved buffers perfectly).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoremat_ilp.problem import Problem
+
+__all__ = ["evaluate", "host_bytes", "prune", "stage_bytes", "violations", "windows"]
+
+
+def _offload_mask(problem: Problem, offload: np.ndarray | None) -> np.ndarray:
+    """``offload`` as booleans; none offloaded when it is ``None``."""
+    if offload is None:
+        return np.zeros(problem.num_values, dtype=bool)
+    return offload.astype(bool)
+
+
+def windows(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """``(backward, forward)``: ``[i, j]`` is whether region ``j``'s saved values are held
+    at region ``i``'s backward (forward) stage."""
+    R = problem.num_regions
+    backward, forward = np.tri(R, dtype=bool), np.tri(R, k=-1, dtype=bool)
+    if problem.nest is None:
+        return backward, forward
+    nested = problem.nest >= 0
+    same = problem.nest[:, None] == problem.nest[None, :]
+    return backward & (~nested[None, :] | same), forward & ~nested[None, :]
+
+
+def stage_bytes(problem: Problem, save: np.ndarray, recompute: np.ndarray,
+                offload: np.ndarray | None = None) -> np.ndarray:
+    """Bytes in use at each region's backward stage, then at each forward stage, in exact
+    integer arithmetic."""
+    trans = _by_region(problem, recompute.astype(bool), problem.transient)
+    offloaded = _offload_mask(problem, offload)
+    trans += _by_region(problem, offloaded, problem.offload_backward)
+    saved = save.astype(bool)
+    held, own = _held_by_region(problem, saved)
+    own += _by_region(problem, offloaded, problem.offload_forward)
+    stages = _stages(problem, problem.base, problem.forward_base, held, own, trans)
+    if problem.unshared is None:
+        return stages
+    rheld, rown = _held_by_region(problem, saved & problem.unshared)
+    return np.maximum(stages, _stages(problem, problem.reserved_base,
+                                      problem.reserved_forward_base, rheld, rown, trans))
+
+
+def _by_region(problem: Problem, mask: np.ndarray, nbytes: np.ndarray | None) -> np.ndarray:
+    """Per region, the total of ``nbytes`` over the values in ``mask`` (exact Python
+    integers; zeros where ``nbytes`` is ``None``)."""
+    total = np.zeros(problem.num_regions, dtype=object)
+    if nbytes is not None:
+        for v in np.flatnonzero(mask):
+            total[problem.region[v]] += int(nbytes[v])
+    return total
+
+
+def _held_by_region(problem: Problem, saved: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per region, the bytes the ``saved`` values hold to the end of its backward, and
+    those they hold at its forward stage (exact Python integers)."""
+    return (_by_region(problem, saved, problem.held),
+            _by_region(problem, saved, problem.forward_held))
+
+
+def _stages(problem: Problem, base: np.ndarray, forward_base: np.ndarray,
+            held: np.ndarray, own: np.ndarray, trans: np.ndarray) -> np.ndarray:
+    """Backward then forward stage bytes: a stage's base, what the regions whose saved
+    values it holds hold, and the region's own (forward) and recomputed (backward) values."""
+    as_int = lambda a: np.array([int(b) for b in a], dtype=object)
+    backward, forward = windows(problem)
+    over = lambda window: np.array([sum(held[window[i]], 0) for i in range(len(held))],
+                                   dtype=object)
+    return np.concatenate([as_int(base) + over(backward) + trans,
+                           as_int(forward_base) + over(forward) + own])
+
+
+def evaluate(problem: Problem, save: np.ndarray, recompute: np.ndarray,
+             offload: np.ndarray | None = None) -> tuple[float, int]:
+    """``(cost, peak bytes)`` of a plan: recompute cost plus offload cost."""
+    peak = int(max(stage_bytes(problem, save, recompute, offload), default=0))
+    cost = float(problem.cost[recompute.astype(bool)].sum())
+    if offload is not None and offload.any():
+        cost += float(problem.offload_cost[offload.astype(bool)].sum())
+    return cost, peak
+
+
+def host_bytes(problem: Problem, offload: np.ndarray | None) -> int:
+    """Bytes the plan's offloaded values occupy in host memory."""
+    return int(sum(int(problem.held[v])
+                   for v in np.flatnonzero(_offload_mask(problem, offload))))
+
+
+def violations(problem: Problem, save: np.ndarray, recompute: np.ndarray,
+               offload: np.ndarray | None = None) -> list[str]:
+    """Every feasibility rule the plan breaks (empty when it is valid); the device budget
+    is not checked, the host budget is."""
+    s, r, o = save.astype(bool), recompute.astype(bool), _offload_mask(problem, offload)
+    out = []
+    for v in np.flatnonzero(problem.must_cover & ~s & ~r & ~o):
+        out.append(f"value {v} is read by the backward pass but neither saved nor recomputed"
+                   + (" nor offloaded" if o.any() else ""))
+    can_offload = (problem.can_offload if problem.can_offload is not None
+                   else np.zeros(problem.num_values, dtype=bool))
+    for v in np.flatnonzero(o & ~can_offload):
+        out.append(f"value {v} cannot be offloaded")
+    for v in np.flatnonzero(o & s):
+        out.append(f"value {v} is both saved and offloaded")
+    if o.any() and host_bytes(problem, o) > problem.host_budget:
+        out.append(f"offloaded values take {host_bytes(problem, o)} bytes of host memory, over "
+                   f"the host budget of {problem.host_budget:.0f}")
+    for v in np.flatnonzero(problem.must_save & ~s):
+        out.append(f"value {v} is read by another region but not saved")
+    for v in np.flatnonzero(s & ~problem.can_save):
+        out.append(f"value {v} cannot be saved")
+    for v in np.flatnonzero(r & ~problem.can_recompute):
+        out.append(f"value {v} cannot be recomputed")
+    for u, v in problem.edges:
+        same = problem.region[u] == problem.region[v]
+        if r[v] and not (s[u] or (same and (r[u] or o[u]))):
+            out.append(f"value {v} is recomputed but its input {u} is not available")
+    return out
+
+
+def prune(problem: Problem, save: np.ndarray, recompute: np.ndarray,
+          offload: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(save, recompute, offload)`` without the saves, recomputes and offloads that
+    nothing reads (a solver may leave them in); ``offload`` is all ``False`` when it is
+    ``None``."""
+    s = save.astype(bool).copy()
+    o = _offload_mask(problem, offload) & ~s
+    r = recompute.astype(bool) & ~s & ~o
+    same_region_readers: dict[int, list[int]] = {}
+    readers: dict[int, list[int]] = {}
+    region = problem.region.tolist()  # Python ints: indexing numpy scalars is slow
+    for u, v in problem.edges.tolist():
+        readers.setdefault(u, []).append(v)
+        if region[u] == region[v]:
+            same_region_readers.setdefault(u, []).append(v)
+    # Readers come after their inputs (values are in program order): sweep backwards.
+    for v in range(problem.num_values - 1, -1, -1):
+        if r[v] and not problem.must_cover[v]:
+            r[v] = any(r[w] for w in same_region_readers.get(v, ()))
+    for v in np.flatnonzero(s):
+        if not (problem.must_cover[v] or problem.must_save[v]):
+            s[v] = any(r[w] for w in readers.get(int(v), ()))
+    for v in np.flatnonzero(o):
+        if not problem.must_cover[v]:
+            o[v] = any(r[w] for w in same_region_readers.get(int(v), ()))
+    return s, r, o

@@ -1,0 +1,123 @@
+"""Solving a :class:`~autoremat_ilp.problem.Problem`: MILP backends tried in turn within
+the time limit, the plan read back, pruned and evaluated exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+from autoremat_ilp.memory import evaluate, prune
+from autoremat_ilp.milp import MilpResult, Progress, solve_milp
+from autoremat_ilp.model import Model, build_model, cost_unit
+from autoremat_ilp.problem import Problem, Solution
+from autoremat_ilp.status import Status
+
+__all__ = ["solve", "solve_min_peak"]
+
+
+def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
+          relative_gap: float = 1e-4, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
+          progress: Progress | None = None) -> Solution:
+    """The least-cost plan whose peak is at most ``budget`` bytes.
+
+    The backends are tried in turn, sharing ``time_limit_s``, until one proves its plan
+    optimal (within ``relative_gap``) or infeasibility; otherwise the cheapest plan found
+    is returned with status ``FEASIBLE``. An ``INFEASIBLE`` result's ``peak`` is the
+    smallest peak any plan reaches (the budget to ask for instead). (Measured on
+    GPT-2-small: each of HiGHS and SCIP sometimes stalls on a budget the other solves in
+    seconds.) When no backend found a plan but the budget is at least the smallest
+    feasible peak, the min-peak plan is returned as a last resort.
+
+    ``progress(elapsed_s, best, bound)`` is called while the backends search (see
+    :func:`~autoremat_ilp.milp.solve_milp`) with the seconds since this call, the cost of
+    the best plan found so far and a lower bound on the least cost, and once at the end
+    with the returned plan's cost when there is a plan. It does not change the result.
+    """
+    start = time.perf_counter()
+    report = None if progress is None else _running_best(progress, start, cost_unit(problem))
+    result = _portfolio(problem, budget, time_limit_s, relative_gap, backends, report)
+    if progress is not None and result.save is not None:
+        progress(time.perf_counter() - start, result.cost, min(result.bound, result.cost))
+    return result
+
+
+def solve_min_peak(problem: Problem, *, time_limit_s: float | None = None,
+                   backend: str = "HIGHS") -> Solution:
+    """A plan with the smallest peak the model allows (its cost not minimized)."""
+    model = build_model(problem, None)
+    return _solution(problem, model,
+                     solve_milp(model.milp, backend=backend, time_limit_s=time_limit_s))
+
+
+def _running_best(progress: Progress, start: float, unit: float) -> Progress:
+    """``progress`` fed by each MILP solve of the portfolio: seconds since ``start``, and the
+    best objective and bound over all the solves so far, in cost units (the MILPs' are
+    divided by ``unit``)."""
+    best, bound = math.inf, -math.inf
+
+    def report(elapsed_s: float, objective: float, lower: float) -> None:
+        nonlocal best, bound
+        best, bound = min(best, objective * unit), max(bound, lower * unit)
+        progress(time.perf_counter() - start, best, min(bound, best))
+
+    return report
+
+
+def _portfolio(problem: Problem, budget: int, time_limit_s: float, relative_gap: float,
+               backends: tuple[str, ...], progress: Progress | None) -> Solution:
+    start = time.perf_counter()
+    best: Solution | None = None
+    share = time_limit_s / len(backends)
+    for backend in backends:
+        res = _solve_within_budget(problem, budget, share, relative_gap, backend, progress)
+        if res.status is Status.OPTIMAL:
+            return dataclasses.replace(res, wall_s=time.perf_counter() - start)
+        if res.status is Status.INFEASIBLE:
+            break
+        if res.save is not None and (best is None or res.cost < best.cost):
+            best = res
+    if best is None:
+        floor = solve_min_peak(problem, time_limit_s=share, backend=backends[0])
+        if floor.save is None or floor.peak > budget:
+            proven = floor.status is Status.OPTIMAL
+            status = Status.INFEASIBLE if proven else Status.NO_SOLUTION
+            return dataclasses.replace(floor, status=status, save=None, recompute=None,
+                                       offload=None, wall_s=time.perf_counter() - start)
+        # Its bound and gap are about the peak: nothing is known about the least cost.
+        best = dataclasses.replace(floor, bound=0.0, gap=1.0)
+    return dataclasses.replace(best, status=Status.FEASIBLE, wall_s=time.perf_counter() - start)
+
+
+def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
+                         relative_gap: float, backend: str, progress: Progress | None
+                         ) -> Solution:
+    margin = 0
+    for _ in range(4):
+        model = build_model(problem, budget - margin)
+        res = _solution(problem, model, solve_milp(
+            model.milp, backend=backend, time_limit_s=time_limit_s,
+            relative_gap=relative_gap, progress=progress))
+        # The solver's feasibility tolerance is relative; the exact peak decides.
+        if res.save is None or res.peak <= budget:
+            return res
+        margin += res.peak - budget
+    raise RuntimeError("solver kept returning plans over the budget")
+
+
+def _solution(problem: Problem, model: Model, result: MilpResult) -> Solution:
+    """The plan a MILP solution stands for, pruned (:func:`~autoremat_ilp.memory.prune`)
+    and evaluated exactly."""
+    bound = result.bound * model.unit
+    if result.x is None:
+        return Solution(result.status, None, None, math.inf, 0, bound, math.inf,
+                        result.wall_s)
+    x = model.variables
+    offered = None if x.offload is None else result.x[x.offload] > 0.5
+    save, recompute, offload = prune(problem, result.x[x.save] > 0.5,
+                                     result.x[x.recompute] > 0.5, offered)
+    if offered is None:
+        offload = None
+    cost, peak = evaluate(problem, save, recompute, offload)
+    return Solution(result.status, save, recompute, cost, peak, bound, result.gap,
+                    result.wall_s, offload)

@@ -1,0 +1,107 @@
+"""The remat problem as a frozen record of plain arrays, and a solve's outcome.
+
+Each of ``V`` values, in program order, is saved, recomputed (or, with host offload,
+offloaded) or left alone; values belong to ``R`` *regions* (one ``jax.checkpoint`` each)
+numbered in program order. The bytes in use at each region's stages are the memory model
+of :mod:`autoremat_ilp.memory`; the feasibility rules and the integer program are in
+:mod:`autoremat_ilp.model` (and the package's ``README.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from autoremat_ilp.status import Status
+
+__all__ = ["Problem", "Solution"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Problem:
+    """A save/recompute (and offload) problem over ``V`` values and ``R`` regions.
+
+    Attributes:
+      cost: recompute cost of each value (all its instances).
+      held: bytes kept from the value's region's stage on if it is saved.
+      transient: bytes live during its region's backward stage if it is recomputed.
+      region: region of each value, ``0..R-1`` in program order.
+      base: bytes in use at each region's backward stage whatever the plan.
+      forward_base: bytes in use at each region's forward stage whatever the plan.
+      forward_held: bytes a saved value adds to its own region's forward stage (beyond
+        what ``forward_base`` already counts).
+      must_cover: values the backward pass reads: saved, recomputed or offloaded.
+      must_save: values another region reads: saved.
+      can_save, can_recompute: the values that may be saved, recomputed.
+      edges: ``(E, 2)`` array of ``(input, consumer)`` value indices.
+      can_offload: the values that may be offloaded to host memory; ``None`` (the
+        default) disables offload and leaves the model exactly as without it.
+      offload_cost: cost of offloading each value (same units as ``cost``).
+      offload_forward: bytes an offloaded value adds to its region's forward stage.
+      offload_backward: bytes an offloaded value adds to its region's backward stage.
+      host_budget: most bytes offloaded values may occupy in host memory (an offloaded
+        value takes ``held[v]`` there).
+      reserved_base, reserved_forward_base, unshared: the second bound on each stage
+        (reserved buffers, :func:`autoremat_ilp.memory.stage_bytes`): its bytes whatever
+        the plan, with the reserved buffers, at each backward and forward stage, and the
+        mask of the values that cannot share them. ``None`` (the default): no second
+        bound.
+      nest: per region, the nested group it belongs to (``-1``: none); ``None`` (the
+        default): no nesting.
+    """
+
+    cost: np.ndarray
+    held: np.ndarray
+    transient: np.ndarray
+    region: np.ndarray
+    base: np.ndarray
+    forward_base: np.ndarray
+    forward_held: np.ndarray
+    must_cover: np.ndarray
+    must_save: np.ndarray
+    can_save: np.ndarray
+    can_recompute: np.ndarray
+    edges: np.ndarray
+    can_offload: np.ndarray | None = None
+    offload_cost: np.ndarray | None = None
+    offload_forward: np.ndarray | None = None
+    offload_backward: np.ndarray | None = None
+    host_budget: float = math.inf
+    reserved_base: np.ndarray | None = None
+    reserved_forward_base: np.ndarray | None = None
+    unshared: np.ndarray | None = None
+    nest: np.ndarray | None = None
+
+    @property
+    def num_values(self) -> int:
+        return len(self.cost)
+
+    @property
+    def num_regions(self) -> int:
+        return len(self.base)
+
+    @property
+    def offloading(self) -> bool:
+        """Whether any value may be offloaded (the model then has offload variables)."""
+        return self.can_offload is not None and bool(np.any(self.can_offload))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Solution:
+    """A solve's outcome; ``save``/``recompute`` are ``None`` when no plan was found.
+    ``offload`` is the offload mask when the problem allows offload, else ``None``.
+    ``cost`` and ``peak`` are the plan's, exact (:func:`autoremat_ilp.memory.evaluate`);
+    ``bound`` is a lower bound on the objective (the cost, or the peak for
+    :func:`autoremat_ilp.solve_min_peak`) and ``gap`` the relative gap to it."""
+
+    status: Status
+    save: np.ndarray | None
+    recompute: np.ndarray | None
+    cost: float
+    peak: int
+    bound: float
+    gap: float
+    wall_s: float
+    offload: np.ndarray | None = None

@@ -1,0 +1,86 @@
+"""The memory model: stage bytes, cost and peak, the feasibility rules, pruning."""
+
+import dataclasses
+
+import autoremat_ilp as ilp
+import numpy as np
+
+from tests.ilp.examples import chain, three_way, two_regions
+
+
+def test_a_saved_value_that_fits_no_reserved_buffer_is_counted_beside_all_of_them():
+    problem = two_regions(np.array([True, False]))
+    save = np.array([True, True])
+    # First region's backward: 70 (all gradients) + 100 (saved, fits in none) > 50 + 100.
+    assert ilp.evaluate(problem, save, ~save)[1] == 170
+    without = two_regions(None)
+    assert ilp.evaluate(without, save, ~save)[1] == 150
+
+
+def test_stages_are_backward_then_forward_and_count_saved_values_until_their_backward():
+    problem = chain()
+    save = np.array([False, True, False, True])
+    recompute = np.array([False, False, False, False])
+    # Backward: region 0 holds 4 (value 1), region 1 holds 4 + 1; forward: region 0 its
+    # own saved value's 1 forward byte, region 1 region 0's 4 and its own 1.
+    assert ilp.stage_bytes(problem, save, recompute).tolist() == [14, 25, 2, 7]
+    assert ilp.evaluate(problem, save, recompute) == (0.0, 25)
+    recompute = np.array([True, False, True, True])
+    save = np.array([False, True, False, False])
+    # Region 1 recomputes 2 and 3 (3 bytes), region 0 recomputes 0 (8).
+    assert ilp.stage_bytes(problem, save, recompute).tolist() == [22, 27, 2, 6]
+    assert ilp.evaluate(problem, save, recompute) == (8.0, 27)
+
+
+def test_a_nested_group_holds_its_saved_values_only_in_its_own_backward():
+    problem = dataclasses.replace(chain(), nest=np.array([0, 0]))
+    backward, forward = ilp.memory.windows(problem)
+    assert backward.tolist() == [[True, False], [True, True]]
+    assert not forward.any()  # made again when the group's backward starts
+    save = np.array([False, True, False, True])
+    assert ilp.stage_bytes(problem, save, np.zeros(4, bool)).tolist() == [14, 25, 2, 3]
+
+
+def test_violations_name_every_broken_rule():
+    problem = chain()
+    save, recompute = np.zeros(4, bool), np.array([False, False, False, True])
+    assert ilp.violations(problem, save, recompute) == [
+        "value 1 is read by the backward pass but neither saved nor recomputed",
+        "value 1 is read by another region but not saved",
+        "value 3 is recomputed but its input 2 is not available"]
+    # Region 1 cannot recompute region 0's value 1: it must be saved.
+    recompute = np.array([True, True, True, True])
+    assert ilp.violations(problem, save, recompute) == [
+        "value 1 is read by another region but not saved",
+        "value 2 is recomputed but its input 1 is not available"]
+    assert ilp.violations(problem, np.array([False, True, False, False]),
+                          np.array([False, False, True, True])) == []
+
+
+def test_offload_rules_and_host_bytes():
+    problem = three_way()
+    save, recompute = np.array([False, True]), np.zeros(2, bool)
+    offload = np.array([True, False])
+    assert ilp.violations(problem, save, recompute, offload) == []
+    assert ilp.host_bytes(problem, offload) == 10 and ilp.host_bytes(problem, None) == 0
+    # Offload cost joins the cost; region 0's stages carry the transfers.
+    assert ilp.evaluate(problem, save, recompute, offload) == (3.0, 15)
+
+
+def test_prune_drops_what_nothing_reads():
+    problem = chain()
+    # Value 0 is saved and value 2 recomputed, but nothing that is recomputed reads them.
+    save, recompute, offload = ilp.prune(problem, np.array([True, True, False, True]),
+                                         np.array([False, False, True, False]))
+    assert save.tolist() == [False, True, False, True]
+    assert not recompute.any() and not offload.any()
+    # Recomputing 3 needs 2 recomputed, which needs 1 saved: all kept.
+    save, recompute, _ = ilp.prune(problem, np.array([True, True, False, False]),
+                                   np.array([False, False, True, True]))
+    assert save.tolist() == [False, True, False, False]
+    assert recompute.tolist() == [False, False, True, True]
+    # A saved value is neither offloaded nor recomputed as well.
+    problem = three_way()
+    save, recompute, offload = ilp.prune(problem, np.array([True, True]), np.array([True, True]),
+                                         np.array([True, False]))
+    assert save.all() and not recompute.any() and not offload.any()
