@@ -77,7 +77,8 @@ def test_load_in_a_new_process_gives_the_same_plan_and_gradients(model, saved, t
     loss, args, plan, path = saved(model)
     assert plan.saved and (plan.recomputed or model == "mlp")
     out = tmp_path / "grads.npz"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",  # the parent's path: the same packages
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run(
         [sys.executable, "-c", _LOAD_IN_NEW_PROCESS, model, str(path), str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
