@@ -124,6 +124,7 @@ def test_getting_started_has_the_two_commands_and_a_picture(site):
     ("autoremat", "autoremat/__init__.py", "autoremat"),
     ("zoo", "autoremat/zoo/__init__.py", "autoremat.zoo"),
     ("solvers", "solvers/autoremat_solvers/__init__.py", "autoremat_solvers"),
+    ("ilp", "solvers/autoremat_ilp/__init__.py", "autoremat_ilp"),
 ])
 def test_every_public_name_is_in_the_reference(site, page, source, module):
     ids = _parse(site / "reference" / page / "index.html").ids

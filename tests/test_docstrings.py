@@ -47,7 +47,7 @@ def test_docstring_states_args_returns_and_an_example(name, obj):
             assert "Args:" in doc, name
         if signature.return_annotation not in ("None", None, inspect.Signature.empty):
             assert "Returns:" in doc, name
-    if not _is_error(obj) and not isinstance(obj, type(autoremat_solvers.SolveStatus)):
+    if not _is_error(obj) and not isinstance(obj, type(autoremat_solvers.Status)):
         assert ">>>" in doc, f"{name} has no example"
 
 

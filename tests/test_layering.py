@@ -9,7 +9,8 @@ import networkx as nx
 import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent
-PACKAGES = {"autoremat": ROOT / "autoremat", "autoremat_solvers": ROOT / "solvers" / "autoremat_solvers"}
+PACKAGES = {"autoremat": ROOT / "autoremat", "autoremat_ilp": ROOT / "solvers" / "autoremat_ilp",
+            "autoremat_solvers": ROOT / "solvers" / "autoremat_solvers"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -84,6 +85,12 @@ def test_the_solvers_do_not_import_the_library():
             if a.startswith("autoremat_solvers") and b.split(".")[0] == "autoremat"] == []
 
 
+def test_the_ilp_imports_neither_the_library_nor_the_research_solvers():
+    graph = import_graph()
+    assert [(a, b) for a, b in graph.edges if a.startswith("autoremat_ilp")
+            and b.split(".")[0] in ("autoremat", "autoremat_solvers")] == []
+
+
 def test_the_plan_record_does_not_import_the_planner():
     below = nx.descendants(import_graph(), "autoremat._plan")
     assert not {m for m in below if m.startswith("autoremat._planner")}
@@ -106,6 +113,7 @@ def _code_lines(path: pathlib.Path, function: str) -> int:
     ("autoremat/_planner/_api.py", "plan_with"),
     ("autoremat/_planner/_search.py", "search"),
     ("autoremat/_planner/_closed_loop.py", "run"),
+    ("solvers/autoremat_ilp/model.py", "build_model"),
 ])
 def test_the_spine_is_short(path, function):
     assert _code_lines(ROOT / path, function) < 60

@@ -83,7 +83,7 @@ def split_entries(text: str) -> str:
 
 def _identifier(obj: griffe.Object, target: str) -> str:
     """The full path ``target`` names, seen from ``obj``'s docstring."""
-    if target.split(".")[0] in ("autoremat", "autoremat_solvers"):
+    if target.split(".")[0] in ("autoremat", "autoremat_ilp", "autoremat_solvers"):
         return target
     head, _, rest = target.partition(".")
     scope = obj

@@ -1,7 +1,8 @@
 """MkDocs hook: files from outside ``docs/``, and API reference pages made from ``__all__``.
 
-* The notebooks (``notebooks/*.ipynb``, rendered by mkdocs-jupyter), the planner's README
-  (``autoremat/_planner/README.md``) and the benchmark
+* The notebooks (``notebooks/*.ipynb``, rendered by mkdocs-jupyter), the planner's and the
+  integer program's READMEs (``autoremat/_planner/README.md``,
+  ``solvers/autoremat_ilp/README.md``) and the benchmark
   results (``bench/results/``, ``solvers/bench/results/``: tables, plots, JSON) are
   served under the same paths they have in the repository, so the docs link to the one
   copy of each figure instead of repeating it. Result pages missing from ``nav`` are
@@ -11,8 +12,9 @@
 * ``<!-- autoremat-help: CMD ... -->`` in a page becomes the ``--help`` of ``autoremat``
   and of each command named, as the installed command line prints them (so the page is
   never out of date).
-* ``reference/autoremat.md``, ``reference/zoo.md`` and ``reference/solvers.md`` are written
-  from the ``__all__`` of ``autoremat``, ``autoremat.zoo`` and ``autoremat_solvers``
+* ``reference/autoremat.md``, ``reference/zoo.md``, ``reference/solvers.md`` and
+  ``reference/ilp.md`` are written from the ``__all__`` of ``autoremat``, ``autoremat.zoo``,
+  ``autoremat_solvers`` and ``autoremat_ilp``
   (read from the source, nothing imported), grouped by :data:`GROUPS`; a name not in any
   group is listed under "More", so every public name is documented.
 """
@@ -32,6 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXTERNAL = {
     "notebooks": ("*.ipynb",),
     "autoremat/_planner": ("README.md",),
+    "solvers/autoremat_ilp": ("README.md",),
     "bench/results": ("*.md", "*.png", "*.json"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
@@ -56,10 +59,17 @@ GROUPS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("MaxText presets", ("MAXTEXT_PRESETS", "preset_policy", "presets_for")),
     ],
     "autoremat_solvers": [
-        ("Solvers", ("SOLVERS", "BASELINES", "SolverResult", "SolveStatus")),
+        ("Solvers", ("SOLVERS", "BASELINES", "SolverResult", "Status")),
         ("Graphs", ("ComputeGraph", "chain_training_graph", "random_layered_training_graph",
                     "load_graph_json")),
         ("Schedules and the simulator", ("Schedule", "SimResult", "simulate")),
+    ],
+    "autoremat_ilp": [
+        ("The problem", ("Problem", "Solution", "Status")),
+        ("Solving", ("solve", "solve_min_peak")),
+        ("The memory model", ("stage_bytes", "evaluate", "host_bytes", "violations", "prune")),
+        ("The integer program", ("build_model", "Model")),
+        ("The MILP front end", ("Milp", "MilpResult", "solve_milp", "Progress")),
     ],
 }
 PAGES = {
@@ -76,6 +86,10 @@ PAGES = {
         "The framework-free solvers over plain graphs (every name in "
         "`autoremat_solvers.__all__`); see [Solvers on one interface]"
         "(../research/solvers.md)."),
+    "reference/ilp.md": (
+        "autoremat_ilp", "solvers/autoremat_ilp/__init__.py", "autoremat_ilp",
+        "The integer program autoremat plans with (every name in `autoremat_ilp.__all__`); "
+        "see [its design](../solvers/autoremat_ilp/README.md)."),
 }
 
 

@@ -61,8 +61,17 @@ def windows(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
 
 def stage_bytes(problem: Problem, save: np.ndarray, recompute: np.ndarray,
                 offload: np.ndarray | None = None) -> np.ndarray:
-    """Bytes in use at each region's backward stage, then at each forward stage, in exact
-    integer arithmetic."""
+    """Bytes in use at each stage of a plan, in exact integer arithmetic (module doc).
+
+    Args:
+      problem: the problem.
+      save, recompute: boolean masks over the values.
+      offload: boolean mask of the offloaded values; ``None``: none.
+
+    Returns:
+      ``2R`` Python integers (an object array): each region's backward stage, then each
+      region's forward stage, in region order.
+    """
     trans = _by_region(problem, recompute.astype(bool), problem.transient)
     offloaded = _offload_mask(problem, offload)
     trans += _by_region(problem, offloaded, problem.offload_backward)
@@ -108,7 +117,17 @@ def _stages(problem: Problem, base: np.ndarray, forward_base: np.ndarray,
 
 def evaluate(problem: Problem, save: np.ndarray, recompute: np.ndarray,
              offload: np.ndarray | None = None) -> tuple[float, int]:
-    """``(cost, peak bytes)`` of a plan: recompute cost plus offload cost."""
+    """The cost and peak of a plan.
+
+    Args:
+      problem: the problem.
+      save, recompute: boolean masks over the values.
+      offload: boolean mask of the offloaded values; ``None``: none.
+
+    Returns:
+      ``(cost, peak)``: the recompute cost plus the offload cost, and the largest of
+      :func:`stage_bytes` (bytes).
+    """
     peak = int(max(stage_bytes(problem, save, recompute, offload), default=0))
     cost = float(problem.cost[recompute.astype(bool)].sum())
     if offload is not None and offload.any():
@@ -117,15 +136,32 @@ def evaluate(problem: Problem, save: np.ndarray, recompute: np.ndarray,
 
 
 def host_bytes(problem: Problem, offload: np.ndarray | None) -> int:
-    """Bytes the plan's offloaded values occupy in host memory."""
+    """Bytes the plan's offloaded values occupy in host memory.
+
+    Args:
+      problem: the problem.
+      offload: boolean mask of the offloaded values; ``None``: none.
+
+    Returns:
+      The total ``held`` bytes of the offloaded values.
+    """
     return int(sum(int(problem.held[v])
                    for v in np.flatnonzero(_offload_mask(problem, offload))))
 
 
 def violations(problem: Problem, save: np.ndarray, recompute: np.ndarray,
                offload: np.ndarray | None = None) -> list[str]:
-    """Every feasibility rule the plan breaks (empty when it is valid); the device budget
-    is not checked, the host budget is."""
+    """Every feasibility rule a plan breaks; the device budget is not checked, the host
+    budget is.
+
+    Args:
+      problem: the problem.
+      save, recompute: boolean masks over the values.
+      offload: boolean mask of the offloaded values; ``None``: none.
+
+    Returns:
+      One message per broken rule, naming values by index (empty when the plan is valid).
+    """
     s, r, o = save.astype(bool), recompute.astype(bool), _offload_mask(problem, offload)
     out = []
     for v in np.flatnonzero(problem.must_cover & ~s & ~r & ~o):
@@ -155,9 +191,18 @@ def violations(problem: Problem, save: np.ndarray, recompute: np.ndarray,
 
 def prune(problem: Problem, save: np.ndarray, recompute: np.ndarray,
           offload: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(save, recompute, offload)`` without the saves, recomputes and offloads that
-    nothing reads (a solver may leave them in); ``offload`` is all ``False`` when it is
-    ``None``."""
+    """A plan without the saves, recomputes and offloads that nothing reads (a solver may
+    leave them in). A saved value is neither recomputed nor offloaded.
+
+    Args:
+      problem: the problem.
+      save, recompute: boolean masks over the values.
+      offload: boolean mask of the offloaded values; ``None``: none.
+
+    Returns:
+      ``(save, recompute, offload)``, new boolean masks (``offload`` all ``False`` when
+      it was ``None``).
+    """
     s = save.astype(bool).copy()
     o = _offload_mask(problem, offload) & ~s
     r = recompute.astype(bool) & ~s & ~o

@@ -41,7 +41,12 @@ _PROGRESS_INTERVAL_S = 0.25
 class Milp:
     """``min c @ x  s.t.  row_lb <= A @ x <= row_ub,  var_lb <= x <= var_ub``.
 
-    ``integer[j]`` marks ``x[j]`` integral. Infinite bounds are ``±np.inf``.
+    Attributes:
+      c: the objective's coefficients, one per variable.
+      A: the constraint matrix, a row per constraint.
+      row_lb, row_ub: the rows' bounds (infinite bounds are ``±np.inf``).
+      var_lb, var_ub: the variables' bounds.
+      integer: marks the integral variables.
     """
 
     c: np.ndarray
@@ -70,7 +75,15 @@ class Milp:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MilpResult:
-    """A solve's outcome. ``x`` is ``None`` unless a solution was found."""
+    """A solve's outcome.
+
+    Attributes:
+      status: how the solve ended.
+      x: the solution (integer variables rounded); ``None`` unless one was found.
+      objective: ``c @ x``.
+      bound: the solver's lower bound on the optimum.
+      wall_s: seconds the solve took.
+    """
 
     status: Status
     x: np.ndarray | None

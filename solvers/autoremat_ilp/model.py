@@ -88,7 +88,16 @@ class _Rows:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Variables:
-    """Where each variable of the model lives: its column(s) in the MILP."""
+    """Where each variable of the model lives: its column(s) in the MILP.
+
+    Attributes:
+      save, recompute: per value.
+      held: per region, the bytes its saved values hold (in memory units).
+      peak: the column of the peak (the min-peak objective).
+      offload: per value, with offload; else ``None``.
+      held_unshared: per region, ``held`` over the ``unshared`` values, with reserved
+        buffers; else ``None``.
+    """
 
     save: np.ndarray
     recompute: np.ndarray
@@ -100,8 +109,14 @@ class Variables:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Model:
-    """The MILP of a problem, its variables' columns, and ``unit``, what the MILP's
-    objective is divided by (:func:`cost_unit`, or :func:`memory_unit` for the peak)."""
+    """The MILP of a problem (:func:`build_model`).
+
+    Attributes:
+      milp: the program.
+      variables: the columns of its variables.
+      unit: what the MILP's objective is divided by: :func:`cost_unit`, or
+        :func:`memory_unit` for the peak.
+    """
 
     milp: Milp
     variables: Variables
@@ -238,8 +253,16 @@ def _objective(x: Variables, problem: Problem, n: int, budget: float | None) -> 
 
 
 def build_model(problem: Problem, budget: float | None) -> Model:
-    """The least-cost program whose stages fit ``budget`` bytes, or with ``budget=None``
-    the least-peak program (see the module doc)."""
+    """The integer program of ``problem`` (see the module doc).
+
+    Args:
+      problem: the problem.
+      budget: the most bytes any stage may hold: the program minimizes the cost; ``None``:
+        it minimizes the peak.
+
+    Returns:
+      A :class:`Model`: the MILP, where its variables are, and its objective's unit.
+    """
     layout, rows = ColumnLayout(), _Rows()
     x = _variables(problem, layout)
     unit = memory_unit(problem)

@@ -29,10 +29,20 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
     seconds.) When no backend found a plan but the budget is at least the smallest
     feasible peak, the min-peak plan is returned as a last resort.
 
-    ``progress(elapsed_s, best, bound)`` is called while the backends search (see
-    :func:`~autoremat_ilp.milp.solve_milp`) with the seconds since this call, the cost of
-    the best plan found so far and a lower bound on the least cost, and once at the end
-    with the returned plan's cost when there is a plan. It does not change the result.
+    Args:
+      problem: the problem.
+      budget: the most bytes any stage may hold.
+      time_limit_s: seconds for all backends together.
+      relative_gap: a plan within this relative gap of the lower bound counts as optimal.
+      backends: MILP backends tried in turn (:func:`~autoremat_ilp.milp.solve_milp`).
+      progress: ``progress(elapsed_s, best, bound)`` is called while the backends search
+        with the seconds since this call, the cost of the best plan found so far and a
+        lower bound on the least cost, and once at the end with the returned plan's cost
+        when there is a plan. It does not change the result.
+
+    Returns:
+      A :class:`~autoremat_ilp.problem.Solution`, pruned
+      (:func:`~autoremat_ilp.memory.prune`) and evaluated exactly.
     """
     start = time.perf_counter()
     report = None if progress is None else _running_best(progress, start, cost_unit(problem))
@@ -44,7 +54,17 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
 
 def solve_min_peak(problem: Problem, *, time_limit_s: float | None = None,
                    backend: str = "HIGHS") -> Solution:
-    """A plan with the smallest peak the model allows (its cost not minimized)."""
+    """A plan with the smallest peak the model allows (its cost not minimized).
+
+    Args:
+      problem: the problem.
+      time_limit_s: seconds for the solve; ``None``: no limit.
+      backend: the MILP backend (:func:`~autoremat_ilp.milp.solve_milp`).
+
+    Returns:
+      A :class:`~autoremat_ilp.problem.Solution` whose ``peak`` is the least peak (proven
+      when its status is ``OPTIMAL``; ``bound`` is a lower bound on it, in bytes).
+    """
     model = build_model(problem, None)
     return _solution(problem, model,
                      solve_milp(model.milp, backend=backend, time_limit_s=time_limit_s))

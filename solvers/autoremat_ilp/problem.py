@@ -90,11 +90,19 @@ class Problem:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Solution:
-    """A solve's outcome; ``save``/``recompute`` are ``None`` when no plan was found.
-    ``offload`` is the offload mask when the problem allows offload, else ``None``.
-    ``cost`` and ``peak`` are the plan's, exact (:func:`autoremat_ilp.memory.evaluate`);
-    ``bound`` is a lower bound on the objective (the cost, or the peak for
-    :func:`autoremat_ilp.solve_min_peak`) and ``gap`` the relative gap to it."""
+    """A solve's outcome.
+
+    Attributes:
+      status: how the solve ended.
+      save, recompute: boolean masks of the plan; ``None`` when no plan was found.
+      cost, peak: the plan's, exact (:func:`autoremat_ilp.memory.evaluate`); for an
+        ``INFEASIBLE`` result of :func:`autoremat_ilp.solve`, ``peak`` is the least peak.
+      bound: a lower bound on the objective (the cost, or the peak for
+        :func:`autoremat_ilp.solve_min_peak`).
+      gap: the relative gap between the plan's objective and ``bound``.
+      wall_s: seconds the solve took.
+      offload: the offload mask when the problem allows offload, else ``None``.
+    """
 
     status: Status
     save: np.ndarray | None
