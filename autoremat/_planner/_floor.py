@@ -62,7 +62,7 @@ def _floor_plan(lowest: _Lowest, peak: int, solves: Sequence[ilp.Solution],
     proven = all(r.status is ilp.Status.OPTIMAL for r in solves)
     result = dataclasses.replace(
         result, peak=ilp.evaluate(problem, result.save, result.recompute,
-                                           result.offload)[1],
+                                  result.offload)[1],
         status=ilp.Status.OPTIMAL if proven else ilp.Status.FEASIBLE,
         gap=0.0 if proven else result.gap)
     d = _solve.decisions(graph, problem, result)

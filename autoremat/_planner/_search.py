@@ -107,7 +107,7 @@ def _solve_placement(graph: Graph, problem: ilp.Problem,
     if within < lower_bound(problem):
         return _Outcome(below=(problem, margin))
     result = ilp.solve(problem, within, time_limit_s=share(),
-                                backends=options.backends, progress=options.progress)
+                       backends=options.backends, progress=options.progress)
     if result.status is ilp.Status.INFEASIBLE:
         return _Outcome(floor=result.peak + margin, solve_seconds=result.wall_s)
     bound = math.inf if result.status is ilp.Status.OPTIMAL else result.bound + replay
