@@ -13,6 +13,7 @@ from autoremat._program import Eqn
 
 
 def source_of(eqn: Eqn) -> str:
+    """``file:line`` of the user code that made ``eqn``."""
     frame = source_info_util.user_frame(eqn.source_info.traceback)
     if frame is not None:
         return f"{frame.file_name}:{frame.start_line}"
@@ -20,12 +21,14 @@ def source_of(eqn: Eqn) -> str:
 
 
 def abstract(ids: Sequence[int], avals: dict) -> list[jax.ShapeDtypeStruct]:
+    """The values ``ids`` as abstract arguments (with their avals' explicit shardings)."""
     return [jax.ShapeDtypeStruct(avals[i].shape, avals[i].dtype,
                                  sharding=_sharding.leaf_sharding(None, avals[i]))
             for i in ids]
 
 
 def is_float(aval: Any) -> bool:
+    """Whether ``aval`` is of a floating-point (or complex) dtype."""
     return hasattr(aval, "dtype") and jax.numpy.issubdtype(aval.dtype, jax.numpy.inexact)
 
 

@@ -34,6 +34,8 @@ def nested_eqns(eqns: Sequence[Any], in_rule: bool = False) -> Any:
 
 
 def check_effects(eqns: Sequence[Eqn]) -> None:
+    """Raises :class:`UnsupportedProgramError` for an effect a region cannot replay or
+    differentiate; warns of one that runs again."""
     for e, in_rule in nested_eqns(eqns):
         name = e.primitive.name
         if name in _NOT_RECOMPUTABLE:

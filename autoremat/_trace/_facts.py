@@ -4,52 +4,51 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
 
 from autoremat import _program
 from autoremat._program import Eqn, Program
 from autoremat._trace._common import abstract
 from autoremat._trace._memory import cotangent_holders, differentiable
-from autoremat._trace._residuals import step_flops
-from autoremat._trace._values import value_fields
+from autoremat._trace._residuals import JaxAnswers, step_flops
+from autoremat._trace._signature import SignatureTexts
+from autoremat._trace._values import ValueFacts, value_facts
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ProgramFacts:
-    """What the graphs of one program share whatever the placement (see :func:`graph_of`).
+    """What the graphs of one program share whatever the placement (see
+    :func:`autoremat._trace.graph_of`), and the caches they fill.
 
     Attributes:
       program: the program.
-      fields: each value's :class:`Value` fields but ``region`` and ``needed``, by id.
+      values: each value's :class:`ValueFacts`, by id.
       made: the ids each top-level equation makes (those of a scan's body and of a
         ``shard_map``'s included).
       free: the ids of the arguments and constants.
-      differentiable: the values that carry a cotangent (:func:`differentiable`).
+      differentiable: the values that carry a cotangent
+        (:func:`autoremat._trace._memory.differentiable`).
       holders: bytes the cotangent of each concatenated value holds
-        (:func:`cotangent_holders`).
+        (:func:`autoremat._trace._memory.cotangent_holders`).
       fingerprint: the program's :func:`autoremat._program.fingerprint_of`.
-      texts: what a region's signature writes for each equation after its operands,
-        filled as regions are signed (see :func:`signature`).
-      residuals: by region signature, what JAX was asked of the region: the positions of
-        the values its VJP reads, those of the inputs it reads, the bytes of unnamed
-        residuals, its step's FLOPs and the FLOPs JAX recomputes saving every name;
-        filled as regions are asked.
       split_flops: for a program whose scans are split into pieces, the FLOPs its step
         (without remat) spends beyond the whole scans' (summing the gradients of the
         pieces' inputs).
+      texts: a cache: what region signatures write for each equation, filled as regions
+        are signed.
+      answers: a cache: what JAX answered about each region signature, filled as regions
+        are asked.
     """
 
     program: Program
-    fields: Mapping[int, Mapping[str, Any]]
+    values: Mapping[int, ValueFacts]
     made: Mapping[Eqn, tuple[int, ...]]
     free: frozenset[int]
-    differentiable: set[int]
+    differentiable: frozenset[int]
     holders: Mapping[int, int]
     fingerprint: str
-    texts: dict[Eqn, str] = dataclasses.field(default_factory=dict)
-    residuals: dict[str, tuple[tuple[int, ...], set[int], int, int, int]] = dataclasses.field(
-        default_factory=dict)
-    split_flops: int = 0
+    split_flops: int
+    texts: SignatureTexts
+    answers: JaxAnswers
 
     def cotangent_size(self, value_id: int) -> int:
         """Bytes the cotangent of value ``value_id`` holds."""
@@ -58,19 +57,22 @@ class ProgramFacts:
 
 def program_facts(program: Program, split_from: Program | None = None) -> ProgramFacts:
     """The :class:`ProgramFacts` of ``program``, whose scans were split from those of
-    ``split_from`` (None: not split)."""
+    ``split_from`` (None: not split), with empty caches."""
     free = frozenset(program.args) | frozenset(program.consts)
-    fields, made = value_fields(program, free)
+    values, made = value_facts(program, free)
     split_flops = 0 if split_from is None else max(
         0, _program_step_flops(program) - _program_step_flops(split_from))
-    return ProgramFacts(program, fields, made, free, differentiable(program),
-                        cotangent_holders(program.eqns, program.value_bytes),
-                        _program.fingerprint_of(program), split_flops=split_flops)
+    return ProgramFacts(
+        program=program, values=values, made=made, free=free,
+        differentiable=frozenset(differentiable(program)),
+        holders=cotangent_holders(program.eqns, program.value_bytes),
+        fingerprint=_program.fingerprint_of(program), split_flops=split_flops,
+        texts=SignatureTexts(program.avals), answers=JaxAnswers())
 
 
 def _program_step_flops(program: Program) -> int:
     """FLOPs of ``program``'s forward and backward pass without remat."""
     regions = _program.split_regions(program)
     return step_flops(lambda *args: _program.run_program(program, regions, frozenset(), None,
-                                                          args),
-                       abstract(program.args, program.avals))
+                                                         args),
+                      abstract(program.args, program.avals))

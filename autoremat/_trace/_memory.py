@@ -12,7 +12,7 @@ from autoremat._trace._common import is_float
 
 
 def work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int],
-                value_bytes: Callable[[int], int], free: set[int]) -> int:
+               value_bytes: Callable[[int], int], free: set[int]) -> int:
     """Peak bytes live in one pass over ``eqns``, each value freed after its last read.
 
     Values in ``kept`` (read after the region) live to the end. Other outputs of
@@ -42,7 +42,7 @@ def work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int],
 
 
 def cotangent_bytes(eqns: Sequence[Eqn], later: set[int], value_bytes: Callable[[int], int],
-                     differentiable: set[int]) -> int:
+                    differentiable: set[int]) -> int:
     """Peak bytes of cotangents live in one backward pass over ``eqns`` (in reverse).
 
     A value's cotangent exists from the backward of its last reader to that of its
@@ -74,7 +74,7 @@ def cotangent_bytes(eqns: Sequence[Eqn], later: set[int], value_bytes: Callable[
 
 
 def cotangent_holders(eqns: Sequence[Eqn], value_bytes: Callable[[int], int],
-                       out: dict[int, int] | None = None) -> dict[int, int]:
+                      out: dict[int, int] | None = None) -> dict[int, int]:
     """Bytes the cotangent of each concatenated value holds: the concatenation's. Its
     cotangent is a slice of the concatenation's, which XLA fuses into the slice's
     reader, keeping the whole buffer (measured on TPU v5e: a U-Net's skip cotangents hold
@@ -93,8 +93,8 @@ def cotangent_holders(eqns: Sequence[Eqn], value_bytes: Callable[[int], int],
 
 
 def in_flight_cotangent_bytes(regions: Sequence[Segment], last_reader: dict[int, int],
-                               value_bytes: Callable[[int], int], differentiable: set[int]
-                               ) -> list[int]:
+                              value_bytes: Callable[[int], int], differentiable: set[int]
+                              ) -> list[int]:
     """Bytes of cotangents live across each region's whole backward pass: those of values
     made in an earlier region and read in a later one but not in it (a long skip
     connection). The cotangent starts at the backward of the last region reading the
@@ -135,7 +135,7 @@ def differentiable(program: Program) -> set[int]:
 
 
 def grad_bytes_by_region(program: Program, num_regions: int, last_reader: dict[int, int]
-                          ) -> list[int]:
+                         ) -> list[int]:
     """Bytes of argument gradients that exist at each region's backward stage: an
     argument's gradient appears at the backward of the last region reading it
     (``last_reader``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -12,9 +13,67 @@ from jax._src import core as jax_core
 
 from autoremat import _program
 from autoremat._cost import live_flops
-from autoremat._program import Atom, Eqn, ScanBody, Segment
-from autoremat._trace._common import is_float, produced
+from autoremat._program import Eqn, Program, ScanBody, Segment
+from autoremat._trace._common import abstract, is_float, produced
 from autoremat._trace._effects import REPEATED_ON_RECOMPUTE, nested_eqns
+from autoremat._trace._signature import Signature
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionAnswer:
+    """What JAX answered about a region (see :func:`ask_jax`).
+
+    Attributes:
+      needed: the positions in the region's :class:`Signature` of the values its VJP reads.
+      inputs_read: the positions of the arguments of the function asked that its VJP reads.
+      unplanned_bytes: bytes of the residuals that are not named values.
+      step_flops: FLOPs of the region's forward and backward pass without remat.
+      fixed_flops: FLOPs JAX recomputes in the region's backward pass saving every name.
+    """
+
+    needed: tuple[int, ...]
+    inputs_read: tuple[int, ...]
+    unplanned_bytes: int
+    step_flops: int
+    fixed_flops: int
+
+
+class JaxAnswers:
+    """What JAX answered about the regions of one program, by signature: regions that
+    compute the same thing (repeated layers) are asked once (a cache)."""
+
+    def __init__(self) -> None:
+        self._answers: dict[str, RegionAnswer] = {}
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    def ask(self, signature: Signature, question: Callable[[], RegionAnswer]
+            ) -> RegionAnswer:
+        """The answer for regions signed ``signature``: ``question()``, called the first
+        time."""
+        answer = self._answers.get(signature.text)
+        if answer is None:
+            answer = self._answers[signature.text] = question()
+        return answer
+
+
+def ask_jax(program: Program, region: Segment, signature: Signature, checkpointed: Callable,
+            operands: Sequence[int], fixed: Callable[[int], int]) -> RegionAnswer:
+    """Asks JAX about ``region`` of ``program``, signed ``signature``: the residuals of
+    ``checkpointed`` (the region, every value named, in a checkpoint that may save every
+    name) as a function of ``operands``; the region's step FLOPs; and ``fixed(those FLOPs)``,
+    what JAX recomputes saving every name."""
+    names, args, unplanned = residuals(checkpointed, abstract(operands, program.avals))
+    flops = step_flops(_program.region_fn(program, region, frozenset(), None),
+                       abstract(region.inputs, program.avals))
+    with jax_config.remat3(False):  # read like the residuals
+        fixed_flops = fixed(flops)
+    return RegionAnswer(
+        needed=tuple(sorted(signature.positions[_program.value_id(n)] for n in names)),
+        inputs_read=tuple(sorted(args)), unplanned_bytes=unplanned, step_flops=flops,
+        fixed_flops=fixed_flops)
+
 
 # The residual a remat region saves for a name is the name's output, sometimes behind
 # these no-op markers.
@@ -22,7 +81,7 @@ _PASS_THROUGH = frozenset({"reduce_precision", "optimization_barrier", "name"})
 
 
 def residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
-               ) -> tuple[set[str], set[int], int]:
+              ) -> tuple[set[str], set[int], int]:
     """What ``fn``'s VJP keeps: (names, indices of arguments, bytes of anything else).
 
     Read with ``jax_remat3`` off, where names are plain ``name`` equations; named values
@@ -87,44 +146,8 @@ def step_flops(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
     return live_flops(jax.make_jaxpr(step)(*avals).jaxpr)
 
 
-def signature(region: Segment, avals: dict, texts: dict[Eqn, str]
-               ) -> tuple[str, dict[int, int]]:
-    """A text equal for regions that compute the same thing on inputs of the same
-    shapes, and each value's position in it (inputs first, then outputs in order).
-    ``texts``: each equation's text after its operands, kept between calls."""
-    local = {v: k for k, v in enumerate(region.inputs)}
-    parts = [";".join(str(avals[v]) for v in region.inputs)]
-
-    def atom(a: Atom) -> str:
-        if isinstance(a, int):
-            return f"%{local[a]}" if a in local else f"#{a}"
-        return f"{a.aval}={a.value!r}"
-
-    def visit(eqns: Sequence[Eqn]) -> None:
-        for e in eqns:
-            for o in e.outs:
-                local.setdefault(o, len(local))
-            if e not in texts:
-                texts[e] = (f"{sorted(e.params.items())!r}->"
-                            f"{','.join(str(avals[o]) for o in e.outs)}")
-            parts.append(f"{e.primitive.name}({','.join(map(atom, e.ins))}){texts[e]}")
-            if e.scan_body is not None:
-                body = e.scan_body
-                for v in (*body.consts, *body.carry_in, *body.xs_in):
-                    local.setdefault(v, len(local))
-                visit(body.eqns)
-            if e.shard_body is not None:
-                for v in e.shard_body.ins:
-                    local.setdefault(v, len(local))
-                visit(e.shard_body.eqns)
-
-    visit(region.eqns)
-    parts.append(",".join(atom(o) for o in region.outputs))
-    return "\n".join(parts), local
-
-
 def scan_step_fn(body: ScanBody, consts: Mapping[int, Any], *, in_loop: bool = False,
-                  named: bool = True) -> Callable:
+                 named: bool = True) -> Callable:
     """One iteration of a scan's body as a function of its flat operands (constants,
     carry, slices), every value it makes named, in a ``jax.checkpoint`` that may save
     every name (``named=False``: plain); ``in_loop``: run as a scan of length 1."""
@@ -146,8 +169,8 @@ def scan_step_fn(body: ScanBody, consts: Mapping[int, Any], *, in_loop: bool = F
 
 
 def unnamed_recompute_flops(checkpointed: Callable, plain: Callable | int,
-                             avals: Sequence[jax.ShapeDtypeStruct], eqns: Sequence[Eqn]
-                             ) -> int:
+                            avals: Sequence[jax.ShapeDtypeStruct], eqns: Sequence[Eqn]
+                            ) -> int:
     """FLOPs JAX recomputes in the backward pass of ``checkpointed`` (region ``eqns``
     saving every name) beyond ``plain`` (the region without checkpoint, or its step's
     FLOPs): what no plan can save. Not measured (0) where a debug print or callback would

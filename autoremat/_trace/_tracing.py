@@ -56,8 +56,8 @@ def trace(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
     Args:
       flat_fn: the function.
       avals: its arguments' shapes and dtypes.
-      placement: where its regions are (see :func:`placements`); when None, cut at
-        :func:`segment_cuts`, scans whole.
+      placement: where its regions are (see :class:`autoremat._placement.Placement`); when
+        None, cut at :func:`segment_cuts`, scans whole.
       layout: how values are sized (see :mod:`autoremat._layout`).
 
     Returns:
