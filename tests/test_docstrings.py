@@ -13,7 +13,7 @@ import autoremat
 import autoremat_solvers
 from autoremat import zoo
 
-MODULES = ["autoremat", "autoremat.zoo", "autoremat_solvers",
+MODULES = ["autoremat", "autoremat.zoo", "autoremat_solvers", "autoremat_ilp",
            "autoremat.integrations.flax_nnx", "autoremat.integrations.equinox",
            "autoremat.integrations.optax"]
 

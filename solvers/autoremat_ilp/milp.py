@@ -47,6 +47,15 @@ class Milp:
       row_lb, row_ub: the rows' bounds (infinite bounds are ``±np.inf``).
       var_lb, var_ub: the variables' bounds.
       integer: marks the integral variables.
+
+    Example:
+      >>> import numpy as np, scipy.sparse as sp, autoremat_ilp as ilp
+      >>> milp = ilp.Milp(  # max x, 2x <= 3, x integral
+      ...     c=np.array([-1.0]), A=sp.csr_matrix([[2.0]]), row_lb=np.array([-np.inf]),
+      ...     row_ub=np.array([3.0]), var_lb=np.array([0.0]), var_ub=np.array([10.0]),
+      ...     integer=np.array([True]))
+      >>> milp.c.shape
+      (1,)
     """
 
     c: np.ndarray
@@ -83,6 +92,15 @@ class MilpResult:
       objective: ``c @ x``.
       bound: the solver's lower bound on the optimum.
       wall_s: seconds the solve took.
+
+    Example:
+      >>> import numpy as np, scipy.sparse as sp, autoremat_ilp as ilp
+      >>> milp = ilp.Milp(  # max x, 2x <= 3, x integral
+      ...     c=np.array([-1.0]), A=sp.csr_matrix([[2.0]]), row_lb=np.array([-np.inf]),
+      ...     row_ub=np.array([3.0]), var_lb=np.array([0.0]), var_ub=np.array([10.0]),
+      ...     integer=np.array([True]))
+      >>> ilp.solve_milp(milp).bound <= -1.0
+      True
     """
 
     status: Status
@@ -144,6 +162,16 @@ def solve_milp(
 
     Returns:
       A :class:`MilpResult`; ``x`` is rounded for integer variables.
+
+    Example:
+      >>> import numpy as np, scipy.sparse as sp, autoremat_ilp as ilp
+      >>> milp = ilp.Milp(  # max x, 2x <= 3, x integral
+      ...     c=np.array([-1.0]), A=sp.csr_matrix([[2.0]]), row_lb=np.array([-np.inf]),
+      ...     row_ub=np.array([3.0]), var_lb=np.array([0.0]), var_ub=np.array([10.0]),
+      ...     integer=np.array([True]))
+      >>> r = ilp.solve_milp(milp)
+      >>> r.status.value, r.x.tolist(), r.objective
+      ('optimal', [1.0], -1.0)
     """
     if backend == "HIGHS":
         result = _solve_highspy(milp, time_limit_s, relative_gap, progress)

@@ -50,6 +50,18 @@ class Problem:
         bound.
       nest: per region, the nested group it belongs to (``-1``: none); ``None`` (the
         default): no nesting.
+
+    Example:
+      >>> import numpy as np, autoremat_ilp as ilp
+      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
+      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
+      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
+      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
+      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
+      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
+      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
+      >>> problem.num_values
+      2
     """
 
     cost: np.ndarray
@@ -102,6 +114,19 @@ class Solution:
       gap: the relative gap between the plan's objective and ``bound``.
       wall_s: seconds the solve took.
       offload: the offload mask when the problem allows offload, else ``None``.
+
+    Example:
+      >>> import numpy as np, autoremat_ilp as ilp
+      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
+      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
+      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
+      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
+      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
+      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
+      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
+      >>> s = ilp.solve(problem, 20)
+      >>> s.peak <= 20 and s.gap == 0.0
+      True
     """
 
     status: Status

@@ -16,8 +16,20 @@ __all__ = ["SolverResult"]
 class SolverResult:
     """A schedule (``None`` when none was found) and what the solver claims about it.
 
-    ``lower_bound`` bounds the cost of any schedule at this budget under the solver's
-    model (``math.inf`` when infeasibility is proven).
+    Attributes:
+      schedule: the schedule, or ``None``.
+      status: the solve's :class:`autoremat_ilp.Status`.
+      claimed_cost: the cost the solver claims for the schedule.
+      lower_bound: bounds the cost of any schedule at this budget under the solver's
+        model (``math.inf`` when infeasibility is proven).
+      wall_s: seconds the solve took.
+
+    Example:
+      >>> import autoremat_solvers as ars
+      >>> graph = ars.chain_training_graph(4)
+      >>> result = ars.SOLVERS["checkmate_milp"](graph, 1000, 10.0)
+      >>> result.status.value, result.claimed_cost >= result.lower_bound
+      ('optimal', True)
     """
 
     schedule: Schedule | None

@@ -20,7 +20,22 @@ __all__ = ["ComputeGraph", "chain_training_graph", "load_graph_json", "random_la
 
 @dataclasses.dataclass(frozen=True)
 class ComputeGraph:
-    """A DAG in topological order: ``preds[v]`` only holds nodes ``< v``."""
+    """A DAG in topological order: ``preds[v]`` only holds nodes ``< v``.
+
+    Attributes:
+      cost: compute cost of each node.
+      ram: bytes of each node's output.
+      preds: each node's inputs, earlier nodes.
+      backward: whether each node belongs to the backward pass.
+      names: a name per node.
+
+    Example:
+      >>> import autoremat_solvers as ars
+      >>> graph = ars.ComputeGraph(cost=(1.0, 2.0), ram=(10, 20), preds=((), (0,)),
+      ...                          backward=(False, True), names=("f", "f_grad"))
+      >>> graph.n
+      2
+    """
 
     cost: tuple[float, ...]
     ram: tuple[int, ...]
@@ -92,6 +107,25 @@ def load_graph_json(path: str | os.PathLike) -> ComputeGraph:
     ``name`` per node, ``source``/``target`` per link) and the Moccasin random layered
     graphs (``duration``, ``out_cost`` per node, links keyed ``"0"``/``"1"``, a
     topological ``order`` in the graph attributes); the latter have no backward nodes.
+
+    Args:
+      path: the JSON file (for example one of Checkmate's ``*_nx.json`` graphs).
+
+    Returns:
+      The graph, its nodes in a topological order.
+
+    Example:
+      >>> import json, os, tempfile, autoremat_solvers as ars
+      >>> doc = {"directed": True, "multigraph": False, "graph": {},
+      ...        "nodes": [{"id": 0, "cost_cpu": 1, "cost_ram": 8, "backward": False,
+      ...                   "name": "f"}, {"id": 1, "cost_cpu": 2, "cost_ram": 8,
+      ...                   "backward": True, "name": "f_grad"}],
+      ...        "links": [{"source": 0, "target": 1}]}
+      >>> path = os.path.join(tempfile.mkdtemp(), "g.json")
+      >>> with open(path, "w") as f:
+      ...     json.dump(doc, f)
+      >>> ars.load_graph_json(path).n
+      2
     """
     with open(path) as f:
         data = json.load(f)
@@ -132,7 +166,21 @@ def _with_backward(fwd_preds: list[list[int]], cost: np.ndarray, ram: np.ndarray
 
 
 def chain_training_graph(m: int, *, cost: float = 1.0, ram: int = 100) -> ComputeGraph:
-    """A linear network of ``m`` uniform layers plus its loss and gradients (``2m + 1`` nodes)."""
+    """A linear network of ``m`` uniform layers plus its loss and gradients.
+
+    Args:
+      m: forward layers.
+      cost: compute cost of each forward layer (each gradient costs twice that).
+      ram: bytes of each layer's output.
+
+    Returns:
+      The graph (``2m + 1`` nodes).
+
+    Example:
+      >>> import autoremat_solvers as ars
+      >>> ars.chain_training_graph(4).n
+      9
+    """
     return _with_backward([[v - 1] if v else [] for v in range(m)], np.full(m, cost), np.full(m, ram))
 
 
@@ -144,6 +192,21 @@ def random_layered_training_graph(
     Layer ``l`` has 1..``max_width`` nodes; each node consumes one random node of the
     previous layer and, with probability ``skip_prob``, one random earlier node. Costs are
     uniform in [1, 10], sizes in [1, 10] * 100 bytes.
+
+    Args:
+      n_layers: forward layers.
+      max_width: the most nodes in a layer.
+      seed: the random seed (the same seed, the same graph).
+      skip_prob: probability that a node also reads a random earlier node.
+
+    Returns:
+      The graph, forward nodes first.
+
+    Example:
+      >>> import autoremat_solvers as ars
+      >>> g = ars.random_layered_training_graph(5, 3, seed=0)
+      >>> g == ars.random_layered_training_graph(5, 3, seed=0)
+      True
     """
     rng = np.random.default_rng(seed)
     layers: list[list[int]] = []

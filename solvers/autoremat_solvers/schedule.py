@@ -22,7 +22,19 @@ _MAX_VIOLATIONS = 20
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Schedule:
-    """Boolean ``(T, n)`` matrices: ``R`` computes, ``S`` keeps into the stage."""
+    """A schedule over ``T`` stages of a graph of ``n`` nodes.
+
+    Attributes:
+      R: boolean ``(T, n)``: node ``v`` is computed in stage ``t``.
+      S: boolean ``(T, n)``: node ``v``'s value is kept into stage ``t``.
+
+    Example:
+      >>> import numpy as np, autoremat_solvers as ars
+      >>> graph = ars.chain_training_graph(1)  # f0, loss, f0_grad
+      >>> schedule = ars.Schedule(R=np.eye(3, dtype=bool), S=np.tri(3, k=-1, dtype=bool))
+      >>> ars.simulate(graph, schedule, budget=1000).ok
+      True
+    """
 
     R: np.ndarray
     S: np.ndarray
@@ -36,7 +48,21 @@ class Schedule:
 
 @dataclasses.dataclass(frozen=True)
 class SimResult:
-    """Replay outcome: total compute cost, peak bytes and every rule broken (up to 20)."""
+    """What replaying a schedule found (:func:`simulate`).
+
+    Attributes:
+      cost: the total compute cost.
+      peak_ram: the peak bytes resident.
+      ok: no rule was broken.
+      violations: every rule broken (up to 20), one line each.
+
+    Example:
+      >>> import autoremat_solvers as ars
+      >>> graph = ars.chain_training_graph(4)
+      >>> result = ars.SOLVERS["checkmate_milp"](graph, 1000, 10.0)
+      >>> ars.simulate(graph, result.schedule, 1000).ok
+      True
+    """
 
     cost: float
     peak_ram: int
@@ -59,6 +85,13 @@ def simulate(graph: ComputeGraph, schedule: Schedule, budget: float) -> SimResul
 
     Returns:
       A :class:`SimResult`.
+
+    Example:
+      >>> import autoremat_solvers as ars
+      >>> graph = ars.chain_training_graph(4)
+      >>> result = ars.SOLVERS["checkmate_milp"](graph, 1000, 10.0)
+      >>> ars.simulate(graph, result.schedule, 1000).cost == result.claimed_cost
+      True
     """
     R, S = schedule.R, schedule.S
     if R.shape[1] != graph.n:
