@@ -3,7 +3,7 @@
 The graph is stated as an :class:`autoremat_ilp.Problem` (:func:`problem_of`, memory model
 below) and solved as an integer program (HiGHS through highspy, then SCIP through OR-tools
 if HiGHS proves nothing in its share of the time). The regions are fixed here; :func:`autoremat.plan` solves each
-candidate placement of them (:func:`autoremat._trace.placements`) and keeps the cheapest.
+candidate placement of them (:func:`autoremat._planner._candidates.candidates`) and keeps the cheapest.
 
 Memory model. Regions are numbered in program order; the backward visits them in
 reverse. At region ``i``'s stage the bytes in use are:
