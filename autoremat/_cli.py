@@ -425,7 +425,8 @@ def bench(model_names: tuple[str, ...], target: str, num_budgets: int, verify: b
             raise click.ClickException(f"{e} (or use --target none)") from None
         text = (f"# {model.name} on {target}\n\n{model.description}\n\nMade with `{command}`; "
                 f"versions: {json.dumps(sweep.versions)}. Floor plan "
-                f"predicted at {sweep.floor_bytes / 2**20:.0f} MiB.\n\n{_benchmark.table(sweep)}\n\n"
+                f"predicted at {sweep.floor_bytes / 2**20:.0f} MiB.\n\n"
+                f"{_benchmark.table(sweep)}\n\n"
                 f"{_benchmark.accuracy(sweep)}\n")
         (out / f"{name}.md").write_text(text)
         (out / f"{name}.json").write_text(json.dumps(_benchmark.to_json(sweep, command),

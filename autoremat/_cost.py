@@ -30,11 +30,29 @@ from jax._src import core as jax_core
 from jax._src.ad_checkpoint import CheckpointName
 from jax._src.interpreters import partial_eval as pe
 
-_FREE = frozenset(["reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "convert_element_type", "bitcast_convert_type", "slice", "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "rev", "copy", "gather", "iota", "select_n", "tile", "stop_gradient", "name", "reduce_precision", "optimization_barrier", "device_put", "sharding_constraint", "split", "real", "imag", "complex", "empty", "zeros_like", "full_like", "pvary", "mesh_cast", "random_wrap", "random_unwrap", "random_seed", "random_bits", "random_split", "random_fold_in", "threefry2x32", "unstack", "empty2", "debug_print", "debug_callback"])
+_FREE = frozenset([
+    "reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "convert_element_type",
+    "bitcast_convert_type", "slice", "dynamic_slice", "dynamic_update_slice", "concatenate", "pad",
+    "rev", "copy", "gather", "iota", "select_n", "tile", "stop_gradient", "name",
+    "reduce_precision", "optimization_barrier", "device_put", "sharding_constraint", "split",
+    "real", "imag", "complex", "empty", "zeros_like", "full_like", "pvary", "mesh_cast",
+    "random_wrap", "random_unwrap", "random_seed", "random_bits", "random_split", "random_fold_in",
+    "threefry2x32", "unstack", "empty2", "debug_print", "debug_callback"])
 
-_ELEMENTWISE = frozenset(["add", "add_any", "sub", "mul", "div", "neg", "abs", "sign", "floor", "ceil", "round", "max", "min", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "lgamma", "digamma", "is_finite", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "rem", "nextafter", "clamp", "scatter-add", "scatter", "scatter_add", "select_and_scatter_add", "population_count", "clz", "conj"])
+_ELEMENTWISE = frozenset([
+    "add", "add_any", "sub", "mul", "div", "neg", "abs", "sign", "floor", "ceil", "round", "max",
+    "min", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "log", "log1p",
+    "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh",
+    "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "lgamma", "digamma", "is_finite",
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "shift_left",
+    "shift_right_logical", "shift_right_arithmetic", "rem", "nextafter", "clamp", "scatter-add",
+    "scatter", "scatter_add", "select_and_scatter_add", "population_count", "clz", "conj"])
 
-_REDUCTIONS = frozenset(["reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "reduce_xor", "reduce_window_max", "reduce_window_min", "reduce_window_sum", "reduce_window", "select_and_gather_add"])
+_REDUCTIONS = frozenset([
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax",
+    "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "reduce_xor",
+    "reduce_window_max", "reduce_window_min", "reduce_window_sum", "reduce_window",
+    "select_and_gather_add"])
 
 #: Collectives and the factor on their bytes (2 for all-reduces: reduce-scatter, then
 #: all-gather). ``sharding_constraint`` is left out: what it costs depends on the

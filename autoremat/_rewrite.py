@@ -66,8 +66,9 @@ def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, placement: P
         if _program.fingerprint_of(program) != fingerprint:
             raise PlanMismatchError(
                 f"this plan was made for another program (structure {fingerprint}, got "
-                f"{_program.fingerprint_of(program)}): make a plan for this function and these argument "
-                "shapes with autoremat.plan, or use autoremat.optimize, which plans per shape.")
+                f"{_program.fingerprint_of(program)}): make a plan for this function and these "
+                "argument shapes with autoremat.plan, or use autoremat.optimize, which plans per "
+                "shape.")
         if placement.splits_scans:
             program = _program.split_scans(program, placement.scan_pieces, avals)
         regions = _program.split_regions(program, placement)
