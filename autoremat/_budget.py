@@ -41,7 +41,7 @@ def parse_budget(budget: Budget) -> int | float | str:
     if isinstance(budget, bool):
         raise ValueError(f"budget {budget!r} is a bool; expected {ACCEPTED_FORMS}")  # noqa: TRY004
     if isinstance(budget, numbers.Integral):
-        if budget <= 0:
+        if int(budget) <= 0:
             raise ValueError(f"budget {budget!r} is not positive; expected {ACCEPTED_FORMS}")
         return int(budget)
     if isinstance(budget, numbers.Real):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from jax._src import core as jax_core
@@ -100,7 +101,7 @@ def comm_bytes(name: str, in_avals: list, out_avals: list) -> int:
     return factor * max(size(in_avals), size(out_avals))
 
 
-def manual_devices(params: dict) -> int:
+def manual_devices(params: Mapping[str, Any]) -> int:
     """Devices a ``shard_map`` with ``params`` runs its body on (one copy each)."""
     return math.prod(params["mesh"].shape[a] for a in params["newly_manual_axes"])
 
@@ -132,12 +133,12 @@ def jaxpr_flops(jaxpr: jax_core.Jaxpr) -> int:
                          [v.aval for v in e.outvars]) for e in jaxpr.eqns)
 
 
-def _sub(params: dict, key: str) -> jax_core.Jaxpr:
+def _sub(params: Mapping[str, Any], key: str) -> jax_core.Jaxpr:
     sub = params[key]
     return sub.jaxpr if hasattr(sub, "jaxpr") else sub
 
 
-def eqn_flops(name: str, params: dict, in_avals: list, out_avals: list) -> int:
+def eqn_flops(name: str, params: Mapping[str, Any], in_avals: list, out_avals: list) -> int:
     """FLOPs of one application of primitive ``name``."""
     out = sum(_size(a) for a in out_avals)
     if name == "call_hi_primitive" and isinstance(params["_prim"], CheckpointName):

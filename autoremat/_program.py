@@ -146,7 +146,8 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
 
     def fresh(aval: jax_core.AbstractValue) -> int:
         i = next(counter)
-        avals[i] = aval
+        # Tokens too: readers of a value's shape ask for it with getattr.
+        avals[i] = aval  # pyright: ignore[reportArgumentType]
         return i
 
     def walk(jaxpr: jax_core.Jaxpr, const_vals: Sequence[Any], in_atoms: Sequence[Atom],
@@ -164,6 +165,7 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
             name = eqn.primitive.name
             if name in _INLINED:
                 sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+                assert sub is not None  # every inlined call carries its jaxpr
                 sub_jaxpr, sub_consts = ((sub.jaxpr, sub.consts) if hasattr(sub, "consts")
                                          else (sub, ()))
                 sub_outs = walk(sub_jaxpr, sub_consts, ins, top, out)
@@ -269,6 +271,7 @@ def split_scans(program: Program, scan_pieces: Sequence[tuple[int, ...]],
 
 def _run_scan_pieces(eqn: Eqn, invals: list, consts: Mapping[int, Any],
                      pieces: Sequence[int]) -> list:
+    assert eqn.scan_body is not None  # a top-level scan
     const_vals, carry, xs = scan_operands(eqn, invals)
     fn = scan_body_fn(eqn.scan_body, consts, frozenset())
     step = lambda c, x: fn(const_vals, c, x)
@@ -452,7 +455,9 @@ def _bind_named_output(primitive: Any, params: dict, invals: Sequence[Any], name
     Bound plainly, the rules read the output from before the name, which a name policy
     cannot save: JAX would save the named inputs and recompute the primitive instead.
     """
-    rules = ad.primitive_jvps[primitive].args[0]
+    rule = ad.primitive_jvps[primitive]
+    assert isinstance(rule, functools.partial)  # ad.defjvp2's (see _jvp_reads_output)
+    rules = rule.args[0]
 
     def bind(*xs: Any) -> Any:
         return checkpoint_name(primitive.bind(*xs, **params), name)
@@ -541,6 +546,7 @@ def scan_operands(eqn: Eqn, operands: Sequence[Any]) -> tuple[list, list, list]:
 def _run_scan(eqn: Eqn, invals: list, consts: Mapping[int, Any], named: frozenset[int],
               policy: Callable | None, group: int = 1) -> list:
     p = eqn.params
+    assert eqn.scan_body is not None  # a top-level scan
     const_vals, init, xs = scan_operands(eqn, invals)
     fn = scan_body_fn(eqn.scan_body, consts, named)
     step = lambda carry, x: fn(const_vals, carry, x)
@@ -583,6 +589,7 @@ def _run_shard_map(eqn: Eqn, invals: list, consts: Mapping[int, Any],
                    named: frozenset[int]) -> list:
     """Runs a ``shard_map`` again through :func:`jax.shard_map`, naming body values."""
     body, p = eqn.shard_body, eqn.params
+    assert body is not None  # a shard_map
 
     def fn(*local: Any) -> tuple:
         env = dict(zip(body.ins, local, strict=True))
@@ -696,10 +703,12 @@ def nbytes(aval: jax_core.AbstractValue, layout: Layout = "dense",
     ``layout``, of ``shape`` when given (a shard's), else of the aval's; ``argument``:
     an argument of the step (see :mod:`autoremat._layout`)."""
     dtype = getattr(aval, "dtype", None)
-    if getattr(aval, "shape", None) is None or dtype is None:
+    aval_shape = getattr(aval, "shape", None)
+    if aval_shape is None or dtype is None:
         return 0
     # Extended dtypes (PRNG keys) are not numpy dtypes but know their size.
-    known = isinstance(dtype, np.dtype) or jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+    known = isinstance(dtype, np.dtype) or jax.dtypes.issubdtype(  # pyright: ignore[reportPrivateImportUsage]
+        dtype, jax.dtypes.extended)
     itemsize = dtype.itemsize if known else np.dtype(dtype).itemsize
-    return _layout.array_bytes(aval.shape if shape is None else shape, itemsize, layout,
+    return _layout.array_bytes(aval_shape if shape is None else shape, itemsize, layout,
                                argument=argument)

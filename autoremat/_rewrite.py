@@ -48,7 +48,8 @@ def leaf_aval(x: Any) -> jax.ShapeDtypeStruct:
     sharding over a mesh, if any (:func:`autoremat._sharding.leaf_sharding`). A leaf JAX
     cannot trace (a string, a function) raises JAX's own ``TypeError``."""
     aval = jax_core.shaped_abstractify(x)
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,
+    # An array's abstract value (pyright sees any AbstractValue).
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,  # pyright: ignore[reportAttributeAccessIssue]
                                 sharding=_sharding.leaf_sharding(x, aval))
 
 

@@ -266,6 +266,7 @@ def _size_with(s: _Specs, i: int, spec: Spec) -> int:
 def _scan(e: Eqn, s: _Specs, follows: Mapping[int, list[Spec]],
           calls: Mapping[int, list[Spec]]) -> None:
     body = e.scan_body
+    assert body is not None  # a top-level scan
     outer = dict(zip(("consts", "carry", "xs"), _program.scan_operands(e, e.ins), strict=True))
     for inner, a in zip(body.consts, outer["consts"], strict=True):
         s.set(inner, s.spec(a) or _replicated(s.shape(inner)), a in s.guessed)
@@ -293,6 +294,7 @@ def _scan(e: Eqn, s: _Specs, follows: Mapping[int, list[Spec]],
 def _shard_map(e: Eqn, s: _Specs) -> None:
     """Outputs as ``out_specs`` say; body values at their own (per-device) size."""
     body = e.shard_body
+    assert body is not None  # a shard_map
     s.add_mesh(e.params["mesh"])
     for o, p in zip(e.outs, e.params["out_specs"], strict=True):
         s.set(o, _normalize(p, len(s.shape(o))))
@@ -326,7 +328,7 @@ def _rule(e: Eqn, s: _Specs) -> list[tuple[Spec, bool]]:
             return [(tuple(x if d not in free or first is None else first[d]
                            for d, x in enumerate(spec)), False)]
     if name == "broadcast_in_dim" and first is not None:
-        out = [()] * len(shapes[0])
+        out: list[tuple[str, ...]] = [()] * len(shapes[0])
         for src, dst in enumerate(p["broadcast_dimensions"]):
             if first_shape[src] == shapes[0][dst]:
                 out[dst] = first[src]
