@@ -144,6 +144,7 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         row = dataclasses.replace(
             row, program_overhead=program_flops(fn, *args, argnums=argnums) / base_flops - 1)
         if base is not None:
+            assert target is not None  # base was measured on it
             m = _measure.measure_step(fn, *args, target=target, argnums=argnums)
             row = dataclasses.replace(row, real_peak_bytes=m.peak_bytes,
                                       compiler_overhead=m.flops / base.flops - 1,
@@ -207,8 +208,13 @@ def frontier_gap(sweep: Sweep, row: Row) -> float | None:
     overhead = sweep.overhead(row)
     if row.real_peak_bytes is None or overhead is None:
         return None
-    points = sorted((r.real_peak_bytes, sweep.overhead(r)) for r in sweep.rows
-                    if r.kind != "autoremat" and r.real_peak_bytes is not None)
+    points: list[tuple[int, float]] = []
+    for r in sweep.rows:
+        if r.kind != "autoremat" and r.real_peak_bytes is not None:
+            r_overhead = sweep.overhead(r)
+            assert r_overhead is not None  # a measured row has its overhead
+            points.append((r.real_peak_bytes, r_overhead))
+    points.sort()
     hull: list[tuple[int, float]] = []
     for p in points:  # monotone chain, lower hull, then keep its decreasing part
         while len(hull) >= 2 and _cross(hull[-2], hull[-1], p) <= 0:

@@ -41,12 +41,13 @@ def parse_budget(budget: Budget) -> int | float | str:
     if isinstance(budget, bool):
         raise ValueError(f"budget {budget!r} is a bool; expected {ACCEPTED_FORMS}")  # noqa: TRY004
     if isinstance(budget, numbers.Integral):
-        if budget <= 0:
+        if int(budget) <= 0:
             raise ValueError(f"budget {budget!r} is not positive; expected {ACCEPTED_FORMS}")
         return int(budget)
     if isinstance(budget, numbers.Real):
         if not 0.0 < float(budget) <= 1.0:
-            raise ValueError(f"budget {budget!r} is not a fraction in (0, 1]; expected {ACCEPTED_FORMS}")
+            raise ValueError(
+                f"budget {budget!r} is not a fraction in (0, 1]; expected {ACCEPTED_FORMS}")
         return float(budget)
     if isinstance(budget, str):
         if budget.strip().lower() == FLOOR:
@@ -58,7 +59,8 @@ def parse_budget(budget: Budget) -> int | float | str:
         if nbytes < 1:
             raise ValueError(f"budget {budget!r} is below one byte; expected {ACCEPTED_FORMS}")
         return int(nbytes)
-    raise ValueError(f"budget {budget!r} has type {type(budget).__name__}; expected {ACCEPTED_FORMS}")
+    raise ValueError(
+        f"budget {budget!r} has type {type(budget).__name__}; expected {ACCEPTED_FORMS}")
 
 
 def format_bytes(nbytes: int) -> str:

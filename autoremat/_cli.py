@@ -155,18 +155,20 @@ def _progress(label: str, stream: TextIO | None = None, show: bool | None = None
 
     def line() -> rich.text.Text:  # one line, cut at the terminal's width
         now = time.perf_counter()
-        return rich.text.Text.assemble(spinner.render(now), f" {label} {now - start:.0f} s",
+        frame = spinner.render(now)
+        assert isinstance(frame, rich.text.Text)  # a spinner without text renders as Text
+        return rich.text.Text.assemble(frame, f" {label} {now - start:.0f} s",
                                        f"  {figures}" if figures else "", no_wrap=True,
                                        overflow="ellipsis")
 
-    def show(elapsed: float, best: float, bound: float) -> None:
+    def report(elapsed: float, best: float, bound: float) -> None:
         nonlocal figures
         figures = _figures(best, bound)
 
     console = rich.console.Console(file=stream, force_terminal=True)
     with rich.live.Live(get_renderable=line, console=console, transient=True,
                         redirect_stdout=False):
-        yield show
+        yield report
 
 
 def _progress_lines(stream: TextIO) -> Progress:
@@ -303,6 +305,7 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
         click.echo(f"{entry.name}: {entry.description}")
         fn, args = entry.make_loss(), (entry.param_shapes(), entry.batch_shapes())
     elif make_args is not None:
+        assert function is not None  # --args goes with FUNCTION (checked above)
         if not _takes_no_arguments(make_args):
             raise click.BadParameter("it must be callable with no arguments.",
                                      param_hint="'--args'")
@@ -312,6 +315,7 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
                                      "tuple of FUNCTION's positional arguments.",
                                      param_hint="'--args'")
     else:
+        assert function is not None  # FUNCTION or --model (checked above)
         if not _takes_no_arguments(function):
             raise click.BadParameter(
                 "it takes arguments: give its example arguments with --args MODULE:NAME, or "
@@ -425,7 +429,8 @@ def bench(model_names: tuple[str, ...], target: str, num_budgets: int, verify: b
             raise click.ClickException(f"{e} (or use --target none)") from None
         text = (f"# {model.name} on {target}\n\n{model.description}\n\nMade with `{command}`; "
                 f"versions: {json.dumps(sweep.versions)}. Floor plan "
-                f"predicted at {sweep.floor_bytes / 2**20:.0f} MiB.\n\n{_benchmark.table(sweep)}\n\n"
+                f"predicted at {sweep.floor_bytes / 2**20:.0f} MiB.\n\n"
+                f"{_benchmark.table(sweep)}\n\n"
                 f"{_benchmark.accuracy(sweep)}\n")
         (out / f"{name}.md").write_text(text)
         (out / f"{name}.json").write_text(json.dumps(_benchmark.to_json(sweep, command),

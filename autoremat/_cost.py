@@ -24,17 +24,36 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from jax._src import core as jax_core
 from jax._src.ad_checkpoint import CheckpointName
 from jax._src.interpreters import partial_eval as pe
 
-_FREE = frozenset(["reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "convert_element_type", "bitcast_convert_type", "slice", "dynamic_slice", "dynamic_update_slice", "concatenate", "pad", "rev", "copy", "gather", "iota", "select_n", "tile", "stop_gradient", "name", "reduce_precision", "optimization_barrier", "device_put", "sharding_constraint", "split", "real", "imag", "complex", "empty", "zeros_like", "full_like", "pvary", "mesh_cast", "random_wrap", "random_unwrap", "random_seed", "random_bits", "random_split", "random_fold_in", "threefry2x32", "unstack", "empty2", "debug_print", "debug_callback"])
+_FREE = frozenset([
+    "reshape", "broadcast_in_dim", "squeeze", "expand_dims", "transpose", "convert_element_type",
+    "bitcast_convert_type", "slice", "dynamic_slice", "dynamic_update_slice", "concatenate", "pad",
+    "rev", "copy", "gather", "iota", "select_n", "tile", "stop_gradient", "name",
+    "reduce_precision", "optimization_barrier", "device_put", "sharding_constraint", "split",
+    "real", "imag", "complex", "empty", "zeros_like", "full_like", "pvary", "mesh_cast",
+    "random_wrap", "random_unwrap", "random_seed", "random_bits", "random_split", "random_fold_in",
+    "threefry2x32", "unstack", "empty2", "debug_print", "debug_callback"])
 
-_ELEMENTWISE = frozenset(["add", "add_any", "sub", "mul", "div", "neg", "abs", "sign", "floor", "ceil", "round", "max", "min", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "lgamma", "digamma", "is_finite", "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic", "rem", "nextafter", "clamp", "scatter-add", "scatter", "scatter_add", "select_and_scatter_add", "population_count", "clz", "conj"])
+_ELEMENTWISE = frozenset([
+    "add", "add_any", "sub", "mul", "div", "neg", "abs", "sign", "floor", "ceil", "round", "max",
+    "min", "pow", "integer_pow", "square", "sqrt", "rsqrt", "cbrt", "exp", "exp2", "log", "log1p",
+    "expm1", "tanh", "logistic", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh",
+    "cosh", "asinh", "acosh", "atanh", "erf", "erfc", "erf_inv", "lgamma", "digamma", "is_finite",
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "shift_left",
+    "shift_right_logical", "shift_right_arithmetic", "rem", "nextafter", "clamp", "scatter-add",
+    "scatter", "scatter_add", "select_and_scatter_add", "population_count", "clz", "conj"])
 
-_REDUCTIONS = frozenset(["reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "reduce_xor", "reduce_window_max", "reduce_window_min", "reduce_window_sum", "reduce_window", "select_and_gather_add"])
+_REDUCTIONS = frozenset([
+    "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax",
+    "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "reduce_xor",
+    "reduce_window_max", "reduce_window_min", "reduce_window_sum", "reduce_window",
+    "select_and_gather_add"])
 
 #: Collectives and the factor on their bytes (2 for all-reduces: reduce-scatter, then
 #: all-gather). ``sharding_constraint`` is left out: what it costs depends on the
@@ -82,7 +101,7 @@ def comm_bytes(name: str, in_avals: list, out_avals: list) -> int:
     return factor * max(size(in_avals), size(out_avals))
 
 
-def manual_devices(params: dict) -> int:
+def manual_devices(params: Mapping[str, Any]) -> int:
     """Devices a ``shard_map`` with ``params`` runs its body on (one copy each)."""
     return math.prod(params["mesh"].shape[a] for a in params["newly_manual_axes"])
 
@@ -114,12 +133,12 @@ def jaxpr_flops(jaxpr: jax_core.Jaxpr) -> int:
                          [v.aval for v in e.outvars]) for e in jaxpr.eqns)
 
 
-def _sub(params: dict, key: str) -> jax_core.Jaxpr:
+def _sub(params: Mapping[str, Any], key: str) -> jax_core.Jaxpr:
     sub = params[key]
     return sub.jaxpr if hasattr(sub, "jaxpr") else sub
 
 
-def eqn_flops(name: str, params: dict, in_avals: list, out_avals: list) -> int:
+def eqn_flops(name: str, params: Mapping[str, Any], in_avals: list, out_avals: list) -> int:
     """FLOPs of one application of primitive ``name``."""
     out = sum(_size(a) for a in out_avals)
     if name == "call_hi_primitive" and isinstance(params["_prim"], CheckpointName):

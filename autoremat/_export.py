@@ -157,16 +157,18 @@ def training_graph(loss: Callable, params: Any, *rest: Any, name: str = "step") 
     ct = program.args[-1]
     g = nx.DiGraph()
     g.add_nodes_from(range(len(members)))
-    g.add_edges_from((node_of[a], v) for v, m in enumerate(members) for i in m for a in _reads(eqns[i])
-                     if node_of.get(a, v) != v)
+    g.add_edges_from((node_of[a], v) for v, m in enumerate(members) for i in m
+                     for a in _reads(eqns[i]) if node_of.get(a, v) != v)
     rank = lambda v: (1, 0) if v == node_of[ct] else (2 if is_backward[v] else 0, min(members[v]))
     order = list(nx.lexicographical_topological_sort(g, key=rank))
     index = {v: k for k, v in enumerate(order)}
-    read = {a for u, v in g.edges for i in members[v] for a in _reads(eqns[i]) if node_of.get(a) == u}
+    read = {a for u, v in g.edges for i in members[v] for a in _reads(eqns[i])
+            if node_of.get(a) == u}
     read.update(a for a in program.outs if isinstance(a, int))
     out = nx.DiGraph(name=f"{name}_train")
     for k, v in enumerate(order):
-        produced = [o for i in members[v] for o in eqns[i].outs] + ([ct] if v == node_of[ct] else [])
+        produced = ([o for i in members[v] for o in eqns[i].outs]
+                    + ([ct] if v == node_of[ct] else []))
         fused = f"+{len(members[v]) - 1}" if len(members[v]) > 1 else ""
         out.add_node(k, name=f"{k}:{_name(eqns[members[v][0]])}{fused}", backward=is_backward[v],
                      cost_cpu=sum(_flops(program, eqns[i]) for i in members[v]),

@@ -215,15 +215,17 @@ def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int
     if path is not None and path.exists():
         _cache[key] = Measurement(**json.loads(path.read_text()))
         return _cache[key]
-    compiled = lowered.compile(compiler_options=options or None)
-    memory = compiled.memory_analysis()
+    compiler_options: dict[str, str | bool] = {**options}
+    compiled = lowered.compile(compiler_options=compiler_options or None)
+    memory, cost = compiled.memory_analysis(), compiled.cost_analysis()
+    assert memory is not None and cost is not None  # the TPU and GPU compilers report both
     _cache[key] = Measurement(
         target=target,
         peak_bytes=int(memory.peak_memory_in_bytes),
         temp_bytes=int(memory.temp_size_in_bytes),
         argument_bytes=int(memory.argument_size_in_bytes),
         output_bytes=int(memory.output_size_in_bytes),
-        flops=float(compiled.cost_analysis().get("flops", float("nan"))),
+        flops=float(cost.get("flops", float("nan"))),
         compile_seconds=time.perf_counter() - start,
         host_temp_bytes=int(getattr(memory, "host_temp_size_in_bytes", 0)))
     if path is not None:
@@ -232,7 +234,8 @@ def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int
     return _cache[key]
 
 
-def _placement(avals: Sequence[jax.ShapeDtypeStruct], target: str, device: jax.Device
+def _placement(avals: Sequence[jax.ShapeDtypeStruct], target: str,
+               device: jax.Device,  # pyright: ignore[reportInvalidTypeForm]
                ) -> Callable[[jax.ShapeDtypeStruct], jax.sharding.Sharding]:
     """Where each argument lives: on ``device`` for an unsharded step; for arguments
     sharded over a mesh, on the same mesh rebuilt over a TPU topology of as many chips
@@ -273,7 +276,7 @@ def _disk_path(key: tuple[str, str, tuple[tuple[str, str], ...]]) -> pathlib.Pat
     return pathlib.Path(root) / f"{digest}.json"
 
 
-def _device(target: str) -> tuple[jax.Device, dict[str, str]]:
+def _device(target: str) -> tuple[jax.Device, dict[str, str]]:  # pyright: ignore[reportInvalidTypeForm]
     """The device to compile for and the compiler options."""
     if target == "gpu":
         try:

@@ -106,7 +106,8 @@ def measure_op_times(fn: Callable, *args: Any, repeats: int = 5, **kwargs: Any) 
     seconds: dict[int, float] = {}
     for eqn in _timed_eqns(program):
         in_avals = [program.avals[a] if isinstance(a, int) else a.aval for a in eqn.ins]
-        if any(jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended) for a in in_avals):
+        if any(jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended)  # pyright: ignore[reportPrivateImportUsage]
+               for a in in_avals):
             continue  # random keys: no synthetic input; the value keeps its FLOP cost
         key = f"{eqn.primitive.name} {sorted(eqn.params.items())!r} {in_avals!r}"
         if key not in timed:

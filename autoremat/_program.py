@@ -146,13 +146,14 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
 
     def fresh(aval: jax_core.AbstractValue) -> int:
         i = next(counter)
-        avals[i] = aval
+        # Tokens too: readers of a value's shape ask for it with getattr.
+        avals[i] = aval  # pyright: ignore[reportArgumentType]
         return i
 
     def walk(jaxpr: jax_core.Jaxpr, const_vals: Sequence[Any], in_atoms: Sequence[Atom],
              top: bool, out: list[Eqn]) -> list[Atom]:
-        env: dict[Any, Atom] = dict(zip(jaxpr.invars, in_atoms))
-        for var, val in zip(jaxpr.constvars, const_vals):
+        env: dict[Any, Atom] = dict(zip(jaxpr.invars, in_atoms, strict=True))
+        for var, val in zip(jaxpr.constvars, const_vals, strict=True):
             env[var] = cid = fresh(var.aval)
             consts[cid] = val
 
@@ -164,13 +165,15 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
             name = eqn.primitive.name
             if name in _INLINED:
                 sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-                sub_jaxpr, sub_consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
+                assert sub is not None  # every inlined call carries its jaxpr
+                sub_jaxpr, sub_consts = ((sub.jaxpr, sub.consts) if hasattr(sub, "consts")
+                                         else (sub, ()))
                 sub_outs = walk(sub_jaxpr, sub_consts, ins, top, out)
-                env.update(zip(eqn.outvars, sub_outs))
+                env.update(zip(eqn.outvars, sub_outs, strict=True))
                 call_shardings.extend(_call_shardings(eqn.params, ins, sub_outs))
                 continue
             outs = tuple(fresh(v.aval) for v in eqn.outvars)
-            env.update(zip(eqn.outvars, outs))
+            env.update(zip(eqn.outvars, outs, strict=True))
             body = _flatten_scan_body(eqn, fresh, walk) if (top and name == "scan") else None
             shard_body = _flatten_shard_body(eqn, fresh, walk) if name == "shard_map" else None
             primitive, params = eqn.primitive, eqn.params
@@ -247,15 +250,16 @@ def split_scans(program: Program, scan_pieces: Sequence[tuple[int, ...]],
     (1.0 GFLOP). The pieces' results are concatenated.
     """
     scans = [e for e in program.eqns if e.scan_body is not None]
-    pieces_of = {e: p for e, p in zip(scans, scan_pieces) if p}
+    # Not strict: a placement made by hand may list fewer scans; the rest stay whole.
+    pieces_of = {e: p for e, p in zip(scans, scan_pieces, strict=False) if p}
 
     def fn(*args: Any) -> list:
-        env: dict[int, Any] = dict(zip(program.args, args))
+        env: dict[int, Any] = dict(zip(program.args, args, strict=True))
         for eqn in program.eqns:
             if eqn in pieces_of:
                 invals = [_read(a, env, program.consts) for a in eqn.ins]
                 env.update(zip(eqn.outs, _run_scan_pieces(eqn, invals, program.consts,
-                                                          pieces_of[eqn])))
+                                                          pieces_of[eqn]), strict=True))
             else:
                 _run_eqns([eqn], env, program.consts, frozenset(), None)
         return [_read(a, env, program.consts) for a in program.outs]
@@ -267,6 +271,7 @@ def split_scans(program: Program, scan_pieces: Sequence[tuple[int, ...]],
 
 def _run_scan_pieces(eqn: Eqn, invals: list, consts: Mapping[int, Any],
                      pieces: Sequence[int]) -> list:
+    assert eqn.scan_body is not None  # a top-level scan
     const_vals, carry, xs = scan_operands(eqn, invals)
     fn = scan_body_fn(eqn.scan_body, consts, frozenset())
     step = lambda c, x: fn(const_vals, c, x)
@@ -276,14 +281,15 @@ def _run_scan_pieces(eqn: Eqn, invals: list, consts: Mapping[int, Any],
         carry, ys = jax.lax.scan(step, carry, part, length=length, unroll=eqn.params["unroll"])
         ys_pieces.append(ys)
         start += length
-    return [*carry, *(jax.lax.concatenate(list(ys), 0) for ys in zip(*ys_pieces))]
+    return [*carry, *(jax.lax.concatenate(list(ys), 0) for ys in zip(*ys_pieces, strict=True))]
 
 
 def _call_shardings(params: Mapping[str, Any], ins: Sequence[Atom], outs: Sequence[Atom]
                     ) -> list[tuple[int, Any]]:
     """``(value id, sharding)`` for the operands and results a ``jit`` call shards."""
-    pairs = [*zip(ins, params.get("in_shardings", ())),
-             *zip(outs, params.get("out_shardings", ()))]
+    # A call without shardings stated has none: the operands pair with nothing.
+    pairs = [*zip(ins, params.get("in_shardings", ()), strict=False),
+             *zip(outs, params.get("out_shardings", ()), strict=False)]
     return [(a, s) for a, s in pairs
             if isinstance(a, int) and isinstance(s, jax.sharding.Sharding)]
 
@@ -426,7 +432,8 @@ def _bind(eqn: Eqn, invals: Sequence[Any], named: Collection[int] = frozenset()
 
 
 def _name(ids: Sequence[int], vals: Sequence[Any], named: Collection[int]) -> list[Any]:
-    return [checkpoint_name(v, value_name(i)) if i in named else v for i, v in zip(ids, vals)]
+    return [checkpoint_name(v, value_name(i)) if i in named else v
+            for i, v in zip(ids, vals, strict=True)]
 
 
 def _jvp_reads_output(eqn: Eqn, invals: Sequence[Any]) -> bool:
@@ -448,14 +455,16 @@ def _bind_named_output(primitive: Any, params: dict, invals: Sequence[Any], name
     Bound plainly, the rules read the output from before the name, which a name policy
     cannot save: JAX would save the named inputs and recompute the primitive instead.
     """
-    rules = ad.primitive_jvps[primitive].args[0]
+    rule = ad.primitive_jvps[primitive]
+    assert isinstance(rule, functools.partial)  # ad.defjvp2's (see _jvp_reads_output)
+    rules = rule.args[0]
 
     def bind(*xs: Any) -> Any:
         return checkpoint_name(primitive.bind(*xs, **params), name)
 
     def jvp(primals: Sequence[Any], tangents: Sequence[Any]) -> tuple[Any, Any]:
         ans = bind(*primals)
-        outs = [rule(t, ans, *primals, **params) for rule, t in zip(rules, tangents)
+        outs = [rule(t, ans, *primals, **params) for rule, t in zip(rules, tangents, strict=True)
                 if rule is not None and not isinstance(t, SymbolicZero)]
         return ans, functools.reduce(ad.add_tangents, outs, jax.numpy.zeros_like(ans))
 
@@ -507,7 +516,7 @@ def _run_eqns(eqns: Sequence[Eqn], env: dict[int, Any], consts: Mapping[int, Any
             outs = _name(eqn.outs, _run_shard_map(eqn, invals, consts, named), named)
         else:
             outs = _bind(eqn, invals, named)
-        env.update(zip(eqn.outs, outs))
+        env.update(zip(eqn.outs, outs, strict=True))
 
 
 def scan_body_fn(body: ScanBody, consts: Mapping[int, Any], named: frozenset[int]
@@ -517,9 +526,9 @@ def scan_body_fn(body: ScanBody, consts: Mapping[int, Any], named: frozenset[int
     name)."""
 
     def fn(const_vals: list, carry: list, xs: list) -> tuple[list, list]:
-        env = dict(zip(body.consts, const_vals))
-        env.update(zip(body.carry_in, _name(body.carry_in, carry, named)))
-        env.update(zip(body.xs_in, xs))
+        env = dict(zip(body.consts, const_vals, strict=True))
+        env.update(zip(body.carry_in, _name(body.carry_in, carry, named), strict=True))
+        env.update(zip(body.xs_in, xs, strict=True))
         _run_eqns(body.eqns, env, consts, named, None)
         return ([_read(a, env, consts) for a in body.carry_out],
                 [_read(a, env, consts) for a in body.ys_out])
@@ -537,6 +546,7 @@ def scan_operands(eqn: Eqn, operands: Sequence[Any]) -> tuple[list, list, list]:
 def _run_scan(eqn: Eqn, invals: list, consts: Mapping[int, Any], named: frozenset[int],
               policy: Callable | None, group: int = 1) -> list:
     p = eqn.params
+    assert eqn.scan_body is not None  # a top-level scan
     const_vals, init, xs = scan_operands(eqn, invals)
     fn = scan_body_fn(eqn.scan_body, consts, named)
     step = lambda carry, x: fn(const_vals, carry, x)
@@ -579,9 +589,10 @@ def _run_shard_map(eqn: Eqn, invals: list, consts: Mapping[int, Any],
                    named: frozenset[int]) -> list:
     """Runs a ``shard_map`` again through :func:`jax.shard_map`, naming body values."""
     body, p = eqn.shard_body, eqn.params
+    assert body is not None  # a shard_map
 
     def fn(*local: Any) -> tuple:
-        env = dict(zip(body.ins, local))
+        env = dict(zip(body.ins, local, strict=True))
         _run_eqns(body.eqns, env, consts, named, None)
         return tuple(_read(a, env, consts) for a in body.outs)
 
@@ -610,7 +621,7 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
     """
 
     def fn(*inputs: Any) -> list:
-        env = dict(zip(region.inputs, inputs))
+        env = dict(zip(region.inputs, inputs, strict=True))
         _run_eqns(region.eqns, env, program.consts, named, policy, region.group)
         return [env[o] for o in region.outputs]
 
@@ -654,13 +665,14 @@ def run_program(program: Program, regions: Sequence[Segment], named: frozenset[i
                 policy: Callable | None, args: Sequence[Any]) -> list:
     """Runs the whole program region by region on flat ``args``; a nested group of
     segments (``Segment.nest``) in one more ``jax.checkpoint`` that keeps only its inputs."""
-    env: dict[int, Any] = dict(zip(program.args, args))
+    env: dict[int, Any] = dict(zip(program.args, args, strict=True))
     for nest, run in itertools.groupby(regions, key=lambda r: r.nest):
         for members in ([list(run)] if nest >= 0 else [[r] for r in run]):
             fn, inputs, outputs = _group_fn(program, members, named, policy)
             if nest >= 0 and policy is not None:
                 fn = jax.checkpoint(fn, policy=jax.checkpoint_policies.nothing_saveable)
-            env.update(zip(outputs, fn(*(_read(i, env, program.consts) for i in inputs))))
+            values = fn(*(_read(i, env, program.consts) for i in inputs))
+            env.update(zip(outputs, values, strict=True))
     return [_read(a, env, program.consts) for a in program.outs]
 
 
@@ -676,10 +688,10 @@ def _group_fn(program: Program, regions: Sequence[Segment], named: frozenset[int
     outputs = [o for r in regions for o in r.outputs]
 
     def fn(*values: Any) -> list:
-        env = dict(zip(inputs, values))
+        env = dict(zip(inputs, values, strict=True))
         for region in regions:
             env.update(zip(region.outputs, region_fn(program, region, named, policy)(*(
-                _read(i, env, program.consts) for i in region.inputs))))
+                _read(i, env, program.consts) for i in region.inputs)), strict=True))
         return [env[o] for o in outputs]
 
     return fn, inputs, outputs
@@ -691,10 +703,12 @@ def nbytes(aval: jax_core.AbstractValue, layout: Layout = "dense",
     ``layout``, of ``shape`` when given (a shard's), else of the aval's; ``argument``:
     an argument of the step (see :mod:`autoremat._layout`)."""
     dtype = getattr(aval, "dtype", None)
-    if getattr(aval, "shape", None) is None or dtype is None:
+    aval_shape = getattr(aval, "shape", None)
+    if aval_shape is None or dtype is None:
         return 0
     # Extended dtypes (PRNG keys) are not numpy dtypes but know their size.
-    known = isinstance(dtype, np.dtype) or jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+    known = isinstance(dtype, np.dtype) or jax.dtypes.issubdtype(  # pyright: ignore[reportPrivateImportUsage]
+        dtype, jax.dtypes.extended)
     itemsize = dtype.itemsize if known else np.dtype(dtype).itemsize
-    return _layout.array_bytes(aval.shape if shape is None else shape, itemsize, layout,
+    return _layout.array_bytes(aval_shape if shape is None else shape, itemsize, layout,
                                argument=argument)

@@ -70,6 +70,15 @@ def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
     return _format(totals, p.decisions, max_rows)
 
 
+def _verified_lines(t: _Totals) -> list[str]:
+    """The compiler's peak, for a verified plan."""
+    if t.target is None:
+        return []
+    assert t.verified_peak_bytes is not None  # a verified plan has its compiler peak
+    return [f"compiler peak     {format_bytes(t.verified_peak_bytes):>12}   (verified on "
+            f"{t.target})"]
+
+
 def _format(t: _Totals, decisions: Sequence[Decision], max_rows: int) -> str:
     overhead = t.recompute_flops / max(1, t.step_flops)
     lines = [
@@ -77,8 +86,7 @@ def _format(t: _Totals, decisions: Sequence[Decision], max_rows: int) -> str:
         (f"predicted peak    {format_bytes(t.peak_bytes):>12}   (no remat: "
          f"{format_bytes(t.no_remat_peak_bytes)}; arguments {format_bytes(t.arg_bytes)}, "
          f"gradients {format_bytes(t.grad_bytes)})"),
-        *([(f"compiler peak     {format_bytes(t.verified_peak_bytes):>12}   (verified on "
-            f"{t.target})")] if t.target is not None else []),
+        *_verified_lines(t),
         f"saved residuals   {format_bytes(t.saved_bytes):>12}",
         *([t.offload_line] if t.offload_line else []),
         (f"recompute         {t.recompute_flops / 1e9:>8.3f} GFLOP   overhead "

@@ -48,7 +48,8 @@ def leaf_aval(x: Any) -> jax.ShapeDtypeStruct:
     sharding over a mesh, if any (:func:`autoremat._sharding.leaf_sharding`). A leaf JAX
     cannot trace (a string, a function) raises JAX's own ``TypeError``."""
     aval = jax_core.shaped_abstractify(x)
-    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,
+    # An array's abstract value (pyright sees any AbstractValue).
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,  # pyright: ignore[reportAttributeAccessIssue]
                                 sharding=_sharding.leaf_sharding(x, aval))
 
 
@@ -66,8 +67,9 @@ def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, placement: P
         if _program.fingerprint_of(program) != fingerprint:
             raise PlanMismatchError(
                 f"this plan was made for another program (structure {fingerprint}, got "
-                f"{_program.fingerprint_of(program)}): make a plan for this function and these argument "
-                "shapes with autoremat.plan, or use autoremat.optimize, which plans per shape.")
+                f"{_program.fingerprint_of(program)}): make a plan for this function and these "
+                "argument shapes with autoremat.plan, or use autoremat.optimize, which plans per "
+                "shape.")
         if placement.splits_scans:
             program = _program.split_scans(program, placement.scan_pieces, avals)
         regions = _program.split_regions(program, placement)

@@ -98,7 +98,7 @@ class _Specs:
     fixed: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # shard_map bodies
 
     def add_mesh(self, mesh: Any) -> None:
-        for name, size in zip(mesh.axis_names, mesh.axis_sizes):
+        for name, size in zip(mesh.axis_names, mesh.axis_sizes, strict=True):
             self.axis_sizes.setdefault(name, size)
 
     def of(self, sharding: Any, ndim: int) -> Spec | None:
@@ -121,7 +121,7 @@ class _Specs:
         if not spec:
             return shape
         return tuple(-(-d // math.prod(self.axis_sizes.get(a, 1) for a in axes))
-                     for d, axes in zip(shape, spec))
+                     for d, axes in zip(shape, spec, strict=True))
 
     def local_bytes(self, i: int) -> int:
         """Dense bytes of value ``i``'s shard on one device."""
@@ -140,7 +140,8 @@ class _Specs:
     def explicit_spec(self, aval: Any) -> Spec:
         """The spec an explicitly sharded aval states (over its explicit axes)."""
         mesh = aval.sharding.mesh
-        explicit = {n for n, t in zip(mesh.axis_names, mesh.axis_types) if t == AxisType.Explicit}
+        explicit = {n for n, t in zip(mesh.axis_names, mesh.axis_types, strict=True)
+                    if t == AxisType.Explicit}
         self.of(aval.sharding, len(aval.shape))
         spec = _normalize(aval.sharding.spec, len(aval.shape))
         return tuple(tuple(a for a in axes if a in explicit) for axes in spec)
@@ -169,7 +170,7 @@ def localize(program: Program, arg_shardings: Sequence[Any]) -> Program:
     """
     s = _Specs(program)
     follows = _following_constraints(program, s)
-    for i, sharding in zip(program.args, arg_shardings):
+    for i, sharding in zip(program.args, arg_shardings, strict=True):
         spec = s.of(sharding, len(s.shape(i)))
         s.set(i, spec if spec is not None else _replicated(s.shape(i)),
               guess=spec is None)
@@ -203,7 +204,7 @@ def _following_constraints(program: Program, s: _Specs) -> dict[int, list[Spec]]
                     found.setdefault(e.ins[0], []).append(spec)
             if e.shard_body is not None:
                 s.add_mesh(e.params["mesh"])
-                for a, p in zip(e.ins, e.params["in_specs"]):
+                for a, p in zip(e.ins, e.params["in_specs"], strict=True):
                     if isinstance(a, int):
                         found.setdefault(a, []).append(_normalize(p, len(s.shape(a))))
             if e.scan_body is not None:
@@ -243,7 +244,7 @@ def _propagate(eqns: Sequence[Eqn], s: _Specs, follows: Mapping[int, list[Spec]]
             _shard_map(e, s)
             continue
         outs = _rule(e, s)
-        for o, (spec, guess) in zip(e.outs, outs):
+        for o, (spec, guess) in zip(e.outs, outs, strict=True):
             s.set(o, spec, guess)
             if guess and o in follows:
                 s.set(o, max(follows[o], key=lambda sp, o=o: _size_with(s, o, sp)))
@@ -265,26 +266,27 @@ def _size_with(s: _Specs, i: int, spec: Spec) -> int:
 def _scan(e: Eqn, s: _Specs, follows: Mapping[int, list[Spec]],
           calls: Mapping[int, list[Spec]]) -> None:
     body = e.scan_body
-    outer = dict(zip(("consts", "carry", "xs"), _program.scan_operands(e, e.ins)))
-    for inner, a in zip(body.consts, outer["consts"]):
+    assert body is not None  # a top-level scan
+    outer = dict(zip(("consts", "carry", "xs"), _program.scan_operands(e, e.ins), strict=True))
+    for inner, a in zip(body.consts, outer["consts"], strict=True):
         s.set(inner, s.spec(a) or _replicated(s.shape(inner)), a in s.guessed)
-    for inner, a in zip(body.xs_in, outer["xs"]):
+    for inner, a in zip(body.xs_in, outer["xs"], strict=True):
         spec = s.spec(a)
         s.set(inner, spec[1:] if spec else _replicated(s.shape(inner)), a in s.guessed)
-    for inner, a in zip(body.carry_in, outer["carry"]):
+    for inner, a in zip(body.carry_in, outer["carry"], strict=True):
         s.set(inner, s.spec(a) or _replicated(s.shape(inner)), a in s.guessed)
     for _ in range(2):  # again when a carry leaves the body less split than it came in
         _propagate(body.eqns, s, follows, calls)
-        grown = [(c, o) for c, o in zip(body.carry_in, body.carry_out)
+        grown = [(c, o) for c, o in zip(body.carry_in, body.carry_out, strict=True)
                  if isinstance(o, int) and s.local_bytes(o) > s.local_bytes(c)]
         for c, o in grown:
             s.set(c, s.specs[o], o in s.guessed)
         if not grown:
             break
     n_carry = len(body.carry_in)
-    for o, c in zip(e.outs[:n_carry], body.carry_in):
+    for o, c in zip(e.outs[:n_carry], body.carry_in, strict=True):
         s.set(o, s.specs[c], c in s.guessed)
-    for o, y in zip(e.outs[n_carry:], body.ys_out):
+    for o, y in zip(e.outs[n_carry:], body.ys_out, strict=True):
         spec = s.spec(y) or _replicated(s.shape(o)[1:])
         s.set(o, ((), *spec), isinstance(y, int) and y in s.guessed)
 
@@ -292,8 +294,9 @@ def _scan(e: Eqn, s: _Specs, follows: Mapping[int, list[Spec]],
 def _shard_map(e: Eqn, s: _Specs) -> None:
     """Outputs as ``out_specs`` say; body values at their own (per-device) size."""
     body = e.shard_body
+    assert body is not None  # a shard_map
     s.add_mesh(e.params["mesh"])
-    for o, p in zip(e.outs, e.params["out_specs"]):
+    for o, p in zip(e.outs, e.params["out_specs"], strict=True):
         s.set(o, _normalize(p, len(s.shape(o))))
     manual = set(e.params["newly_manual_axes"])
     for b in [*body.ins, *(o for be in _all_eqns(body.eqns) for o in be.outs)]:
@@ -325,7 +328,7 @@ def _rule(e: Eqn, s: _Specs) -> list[tuple[Spec, bool]]:
             return [(tuple(x if d not in free or first is None else first[d]
                            for d, x in enumerate(spec)), False)]
     if name == "broadcast_in_dim" and first is not None:
-        out = [()] * len(shapes[0])
+        out: list[tuple[str, ...]] = [()] * len(shapes[0])
         for src, dst in enumerate(p["broadcast_dimensions"]):
             if first_shape[src] == shapes[0][dst]:
                 out[dst] = first[src]
@@ -341,7 +344,8 @@ def _rule(e: Eqn, s: _Specs) -> list[tuple[Spec, bool]]:
         axes = set(p["axes"])
         return [(tuple(x for d, x in enumerate(first) if d not in axes), guess)]
     if name in _RESIZING and first is not None:
-        return [(tuple(x if a == b else () for x, a, b in zip(first, first_shape, sh)), guess)
+        return [(tuple(x if a == b else ()
+                       for x, a, b in zip(first, first_shape, sh, strict=True)), guess)
                 for sh in shapes]
     if name == "dot_general":
         return [(_dot(p["dimension_numbers"], operands), guess)]
@@ -374,7 +378,7 @@ def _dot(dimension_numbers: Any, operands: Sequence[tuple[Spec | None, bool, tup
     (ls, _, lshape), (rs, _, rshape) = operands[:2]
     ls = ls or _replicated(lshape)
     rs = rs or _replicated(rshape)
-    batch = [ls[a] or rs[b] for a, b in zip(lb, rb)]
+    batch = [ls[a] or rs[b] for a, b in zip(lb, rb, strict=True)]
     lfree = [ls[d] for d in range(len(lshape)) if d not in lc and d not in lb]
     rfree = [rs[d] for d in range(len(rshape)) if d not in rc and d not in rb]
     return (*batch, *lfree, *rfree)

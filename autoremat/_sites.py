@@ -88,7 +88,7 @@ def values_by_site(graph: Graph) -> dict[tuple, list[Value]]:
 def decisions_of(graph: Graph, actions: Mapping[int, str]) -> tuple[Decision, ...]:
     """The decisions of ``actions`` (an action per value id) on ``graph``: one per action,
     site, multiplicity and recompute cost, in program order of their first value."""
-    flops = dict(zip(graph.array("id").tolist(), graph.recompute_flops().tolist()))
+    flops = dict(zip(graph.array("id").tolist(), graph.recompute_flops().tolist(), strict=True))
     by_site = values_by_site(graph)
     groups: dict[tuple, list[int]] = {}
     for key, values in by_site.items():

@@ -59,7 +59,8 @@ def time_model(name: str, config: llama.LlamaConfig, fractions: list[float], run
                      "time_limit_s": time_limit_s, "wall_s": walls,
                      "median_wall_s": statistics.median(walls), "status": p.status,
                      "gap": p.gap, "overhead": p.overhead,
-                     "same_plan_every_run": len({(q.saved, q.placement.cuts, q.placement.scan_pieces) for q in plans}) == 1})
+                     "same_plan_every_run": len({(q.saved, q.placement.cuts,
+                                                  q.placement.scan_pieces) for q in plans}) == 1})
         print(f"{name} at {fraction:.2f}: median {rows[-1]['median_wall_s']:.1f} s of {walls}, "
               f"{p.status} gap {p.gap:.2%}", flush=True)
     return rows
@@ -78,17 +79,22 @@ def main() -> None:
     limits = args.time_limit or [4.0 if MODELS[n].scan_layers else 25.0 for n in names]
     rows = [r for n, t in zip(names, limits, strict=True)
             for r in time_model(n, MODELS[n], args.fraction or [0.1, 0.3], args.runs, t)]
-    lines = [("| model | forward eqns | step eqns | budget (of no-remat activations) | time limit s "
+    lines = [("| model | forward eqns | step eqns | budget (of no-remat activations) "
+              "| time limit s "
               "| median wall s (runs) | status | gap | recompute overhead | same plan each run |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['forward_equations']} | {r['step_equations']} | "
-              f"{r['budget_fraction']:.2f} ({r['budget_bytes'] / 2**30:.2f} GiB) | {r['time_limit_s']:.0f} | "
-              f"{r['median_wall_s']:.1f} ({', '.join(f'{w:.1f}' for w in r['wall_s'])}) | {r['status']} | "
+              f"{r['budget_fraction']:.2f} ({r['budget_bytes'] / 2**30:.2f} GiB) | "
+              f"{r['time_limit_s']:.0f} | "
+              f"{r['median_wall_s']:.1f} ({', '.join(f'{w:.1f}' for w in r['wall_s'])}) | "
+              f"{r['status']} | "
               f"{r['gap']:.2%} | {r['overhead']:.2%} | {r['same_plan_every_run']} |" for r in rows]
     args.out.mkdir(parents=True, exist_ok=True)
-    header = (f"# Planning time\n\nMade with `python bench/planning_time.py {shlex.join(sys.argv[1:])}` "
+    header = ("# Planning time\n\nMade with "
+              f"`python bench/planning_time.py {shlex.join(sys.argv[1:])}` "
               f"on {os.cpu_count()} cores; versions {json.dumps(versions())}. Wall time of "
-              "`autoremat.plan` (trace, every placement, solve); the time limit bounds the whole call (tracing included).\n\n")
+              "`autoremat.plan` (trace, every placement, solve); the time limit bounds the whole "
+              "call (tracing included).\n\n")
     (args.out / "planning_time.md").write_text(header + "\n".join(lines) + "\n")
     (args.out / "planning_time.json").write_text(json.dumps(rows, indent=1) + "\n")
 

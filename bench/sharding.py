@@ -182,7 +182,8 @@ def grad_check(style: str, mesh: jax.sharding.Mesh, loss: Any, plans: list[autor
         finite = all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
         row = {"budget_bytes": p.budget_bytes, "vs_f32_max": max(vs_f32),
                "vs_bf16_max": max(vs_bf16),
-               "worst_leaf_ratio": max(a / max(b, 1e-30) for a, b in zip(vs_f32, noise)),
+               "worst_leaf_ratio": max(a / max(b, 1e-30)
+                                       for a, b in zip(vs_f32, noise, strict=True)),
                "allclose_rtol_1e-2_vs_bf16": allclose(expected, grads), "finite": finite,
                "ok": finite and max(vs_f32) <= 2 * max(noise),
                "seconds": time.perf_counter() - start}
@@ -213,19 +214,21 @@ def write(results: dict, out: pathlib.Path, command: str) -> None:
          "the rest replicated. `fsdp`: every parameter's first axis and the batch over all 8 "
          "devices. Plans: `autoremat.plan(loss, params, batch, budget=B, verify=\"tpu-v5e\", "
          "time_limit_s=30)`; 'compiles' counts the closed loop's compiles (disk-cached "
-         "compiles included); 'seconds': this run's wall time for the plan (solver and closed loop; a "
-         "compile found in the disk cache takes about a second); 'compile s': the seconds "
+         "compiles included); 'seconds': this run's wall time for the plan (solver and closed "
+         "loop; a compile found in the disk cache takes about a second); 'compile s': the seconds "
          "those compiles took when first made (lowering and compiling, as recorded in "
          "the cache), on a shared 2-core machine with other benchmarks running.\n"),
     ]
     if results.get("partial"):
         lines.append(f"**Partial:** {results['partial']}\n")
     lines += [("| setup | budget | fraction | predicted | compiler | fits | overhead | "
-               "compiles | seconds | compile s | grads |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+               "compiles | seconds | compile s | grads |"),
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for style, r in results["setups"].items():
         base = r.get("baseline")
         if base:
-            lines.append(f"| {style} no checkpoint | - | 1.00 | {_mib(base['predicted_peak_bytes'])}"
+            lines.append(f"| {style} no checkpoint | - | 1.00 | "
+                         f"{_mib(base['predicted_peak_bytes'])}"
                          f" | {_mib(base['peak_bytes'])} | - | 0 | 1 | "
                          f"{base['seconds']:.0f} | {base['compile_seconds']:.0f} | reference |")
         checks = {c["budget_bytes"]: c for c in r.get("grad_check", {}).get("plans", [])}

@@ -140,7 +140,8 @@ _clipped_square.defvjp(_clipped_square_fwd, _clipped_square_bwd)
 def control_flow() -> tuple[Any, tuple]:
     """cond, a custom_vjp function, a jitted helper and a scan nested in a scan."""
     k = jax.random.split(jax.random.key(6), 3)
-    params = {"w": jax.random.normal(k[0], (24, 24)) / 5, "v": jax.random.normal(k[1], (3, 24, 24)) / 5}
+    params = {"w": jax.random.normal(k[0], (24, 24)) / 5,
+              "v": jax.random.normal(k[1], (3, 24, 24)) / 5}
     x = jax.random.normal(k[2], (8, 24))
 
     @jax.jit

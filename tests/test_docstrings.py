@@ -7,10 +7,10 @@ import doctest
 import importlib
 import inspect
 
+import autoremat_solvers
 import pytest
 
 import autoremat
-import autoremat_solvers
 from autoremat import zoo
 
 MODULES = ["autoremat", "autoremat.zoo", "autoremat_solvers", "autoremat_ilp",

@@ -370,7 +370,8 @@ def test_plan_cache_is_keyed_by_structure_shapes_dtypes_and_static_values(count_
 
 def test_threads_share_one_plan_and_get_equal_results(count_plans):
     loss, (params, x) = MODELS["mlp"]()
-    budget = (_floor(loss, (params, x)) + autoremat.plan(loss, params, x, budget=1.0).budget_bytes) // 2
+    budget = (_floor(loss, (params, x))
+              + autoremat.plan(loss, params, x, budget=1.0).budget_bytes) // 2
     optimized = autoremat.optimize(loss, budget=budget)
     before = len(count_plans)  # autoremat.plan made some to find the budget
     step = jax.jit(jax.value_and_grad(optimized))

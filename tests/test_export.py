@@ -27,13 +27,15 @@ def test_small_step_has_one_node_per_dot(tmp_path):
         h = h + jnp.sin(h @ w["b"])
         return jnp.mean(h**2)
 
-    w = {"a": jax.ShapeDtypeStruct((4, 8), jnp.float32), "b": jax.ShapeDtypeStruct((8, 8), jnp.float32)}
+    w = {"a": jax.ShapeDtypeStruct((4, 8), jnp.float32),
+         "b": jax.ShapeDtypeStruct((8, 8), jnp.float32)}
     data = _export.training_graph(loss, w, jax.ShapeDtypeStruct((2, 4), jnp.float32), name="toy")
     assert data["graph"] == {"name": "toy_train"}
     # Forward: tanh(x @ a); sin(h @ b) with the residual add and the sum of squares. Then the
     # loss (mean's division), the seed's elementwise backward, and the dots' transposes.
     assert [n["name"].split("@")[0] for n in data["nodes"]] == [
-        "0:dot_general", "1:dot_general", "2:div", "3:div", "4:dot_general", "5:dot_general", "6:dot_general"]
+        "0:dot_general", "1:dot_general", "2:div", "3:div", "4:dot_general", "5:dot_general",
+        "6:dot_general"]
     assert [n["backward"] for n in data["nodes"]] == [False] * 2 + [True] * 5
     # Node 1 returns two (2, 8) residuals for the backward (sin's and the square's) and the
     # sum; the loss node the loss and its seed.
@@ -59,7 +61,7 @@ def test_zoo_graph_loads_replays_and_accounts_every_flop(tmp_path):
     assert g.backward == (False,) * loss_node + (True,) * (g.n - loss_node)
     assert g.cost[loss_node] == 1 and g.ram[loss_node] == 8  # mean's division; loss and seed
 
-    forward = sum(c for c, b in zip(g.cost, g.backward) if not b) + g.cost[loss_node]
+    forward = sum(c for c, b in zip(g.cost, g.backward, strict=True) if not b) + g.cost[loss_node]
     assert forward == _program_flops(lambda p, b: jax.vjp(lambda q: loss(q, b), p), params, batch)
     assert g.total_cost == _program_flops(jax.value_and_grad(loss), params, batch)
 

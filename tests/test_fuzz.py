@@ -173,7 +173,7 @@ def layouts(draw: st.DrawFn, labels: list[str], depth: int = 0) -> Any:
     children = [draw(layouts(labels[a:b], depth + 1)) for a, b in itertools.pairwise(bounds)]
     if kind == "dict":
         keys = draw(st.permutations([f"k{i}" for i in range(len(children))]))
-        return dict(zip(keys, children))
+        return dict(zip(keys, children, strict=True))
     return children if kind == "list" else tuple(children)
 
 

@@ -237,3 +237,13 @@ def test_optax_infeasible_floor_includes_the_optimizer_state():
     assert info.value.floor_bytes == loss_floor + ar_optax.tree_bytes(opt_state)
     assert step.loss_budget(opt_state) == max(1, loss_floor - ar_optax.tree_bytes(opt_state))
     assert ar_optax.TrainStep(mlp_loss, adam, budget=0.5).loss_budget(opt_state) == 0.5
+
+
+def test_optax_floor_budget_plans_the_loss_at_its_floor():
+    params, (x, y) = _mlp_params(jax.random.key(3)), _data()
+    adam = optax.adam(1e-2)
+    opt_state = adam.init(params)
+    step = ar_optax.TrainStep(mlp_loss, adam, budget="floor")
+    assert step.loss_budget(opt_state) == "floor"
+    assert (step.plan(params, opt_state, x, y).peak_bytes
+            == autoremat.plan(mlp_loss, params, x, y, budget="floor").peak_bytes)

@@ -14,7 +14,7 @@ PACKAGES = {"autoremat": ROOT / "autoremat", "autoremat_ilp": ROOT / "solvers" /
 
 
 def _module_name(path: pathlib.Path) -> str:
-    for package, folder in PACKAGES.items():
+    for folder in PACKAGES.values():
         if folder in path.parents or path.parent == folder:
             rel = path.relative_to(folder.parent).with_suffix("")
             parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts

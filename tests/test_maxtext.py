@@ -164,7 +164,7 @@ def test_names_are_read_with_jax_remat3_on_too():
             "mlpwi": 1, "act": 1, "mlpwo": 1}  # in the body of the scan
         assert all(v.primitive == "name" and v.flops == 0
                    for v in plan.graph.values if v.user_name)
-        for g0, g1 in zip(jax.grad(loss)(*args), jax.grad(plan.apply(loss))(*args)):
+        for g0, g1 in zip(jax.grad(loss)(*args), jax.grad(plan.apply(loss))(*args), strict=True):
             np.testing.assert_allclose(g1, g0, rtol=1e-6)
     finally:
         jax.config.update("jax_remat3", old)

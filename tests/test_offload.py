@@ -29,7 +29,7 @@ CHEAP = autoremat.OffloadConfig(host_budget="1MiB", host_bandwidth=1e14, peak_fl
 
 def _allclose(a, b) -> bool:
     return all(np.allclose(x, y, rtol=1e-4, atol=1e-6)
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
 
 
 def _problem(plan: autoremat.Plan, config: autoremat.OffloadConfig):

@@ -163,7 +163,8 @@ def test_each_segment_hands_out_its_input_cotangents_at_once():
         assert barrier.primitive.name == "optimization_barrier"
         assert list(first.invars) == list(inner.invars)
     grad_jaxpr = jax.make_jaxpr(jax.grad(chosen.apply(loss)))(*args).jaxpr
-    assert sum(e.primitive.name == "optimization_barrier" for e in _eqns(grad_jaxpr)) >= 2 * len(segments)
+    barriers = sum(e.primitive.name == "optimization_barrier" for e in _eqns(grad_jaxpr))
+    assert barriers >= 2 * len(segments)
 
 
 def _floor(loss, args) -> int:
@@ -206,7 +207,8 @@ def test_floor_is_feasible_and_below_it_is_not(model):
     floor = _floor(loss, args)
     plan = autoremat.plan(loss, *args, budget=floor)
     assert plan.peak_bytes <= floor
-    with pytest.raises(autoremat.InfeasibleBudgetError, match=f"smallest feasible budget is {floor} bytes"):
+    with pytest.raises(autoremat.InfeasibleBudgetError,
+                       match=f"smallest feasible budget is {floor} bytes"):
         autoremat.plan(loss, *args, budget=floor - 1)
 
 
@@ -232,7 +234,8 @@ def test_plan_works_from_abstract_shapes():
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type),
                           args)
     budget = _mid_budget(loss, args)
-    assert autoremat.plan(loss, *shapes, budget=budget) == autoremat.plan(loss, *args, budget=budget)
+    assert (autoremat.plan(loss, *shapes, budget=budget)
+            == autoremat.plan(loss, *args, budget=budget))
 
 
 def test_optimize_plans_per_shape_and_static_args():
@@ -412,7 +415,8 @@ def test_nested_scan_lowers_the_floor_and_applies_as_planned(tmp_path):
     args, program = _scanned_residual_mlp_program(9)
     assert _program.scan_groups_of(program) == (3,)
     not_nested = min(ilp.solve_min_peak(_solve.problem_of(
-        _trace.graph_of(program, Placement(cuts))[1])).peak for cuts in _trace.candidate_cuts(program))
+        _trace.graph_of(program, Placement(cuts))[1])).peak
+        for cuts in _trace.candidate_cuts(program))
     assert autoremat.plan(loss, *args, budget="floor").placement.scan_groups == ()
     lowest = autoremat.plan(loss, *args, budget="floor", nested_scans=True)
     assert lowest.placement.scan_groups == (3,) and lowest.peak_bytes < not_nested

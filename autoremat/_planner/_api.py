@@ -162,9 +162,10 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
     solve = _solver(found, options, traced_at)
     if options.verify is None:
         return solve(budget, Margins())
+    target = options.verify
     bound = functools.partial(fn, **kwargs)
     argnums = _measure.float_argnums(args)
-    compiled_peak = lambda p: _measure.measure_step(p.apply(bound), *args, target=options.verify,
+    compiled_peak = lambda p: _measure.measure_step(p.apply(bound), *args, target=target,
                                                     argnums=argnums).peak_bytes
     if parse_budget(budget) == FLOOR:
         floors = floor_plans(found, options, SolverClock(options.time_limit_s, len(found)),

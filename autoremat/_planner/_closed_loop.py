@@ -79,6 +79,7 @@ class ClosedLoop:
             if round_ is None:
                 break
             plan, peak = round_
+            assert self.budget_bytes is not None  # set by the round
             self.learn(plan, peak)
             if peak <= self.budget_bytes:
                 self.fitted(plan, peak)
@@ -87,6 +88,8 @@ class ClosedLoop:
             model_budget = self.budget_bytes
         if self.best is not None:
             return self.best
+        # A round ran (verify_rounds >= 1) and set both.
+        assert self.budget_bytes is not None and self.lowest_peak is not None
         raise BudgetNotVerifiedError(
             f"after {self.verify_rounds} compiles for {self.target} the step still peaks at "
             f"{format_bytes(peak)} against a budget of {format_bytes(self.budget_bytes)} (the "
@@ -154,6 +157,7 @@ class ClosedLoop:
         few MiB lower can come out the same), and at least by as much as the compiler's
         peak exceeded the model's for it. While refining, a margin loosened too far is
         taken halfway back to what the placement's largest error allows."""
+        assert self.budget_bytes is not None  # set by the round that compiled plan
         key, error = plan.placement, self.errors[plan.placement]
         used = self.margins.get(key, self.unknown_margin) + (self.budget_bytes
                                                              - plan.budget_bytes)

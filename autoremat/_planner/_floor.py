@@ -53,19 +53,23 @@ def _floor_plan(lowest: _Lowest, peak: int, solves: Sequence[ilp.Solution],
     low = ilp.solve_min_peak(unpacked, time_limit_s=clock.share(left))
     result = ilp.solve(unpacked, low.peak, time_limit_s=clock.share(left - 1))
     solves = [*solves, low, result]
-    if result.save is None or ilp.evaluate(
-            problem, result.save, result.recompute, result.offload)[1] > peak:
+    if result.save is None or _evaluated_peak(problem, result) > peak:
         result = ilp.solve(problem, peak, time_limit_s=clock.share(left - 1))
         solves.append(result)
     if result.save is None:  # the time limit stopped both: the least-peak plan stands
         result = floor
     proven = all(r.status is ilp.Status.OPTIMAL for r in solves)
     result = dataclasses.replace(
-        result, peak=ilp.evaluate(problem, result.save, result.recompute,
-                                  result.offload)[1],
+        result, peak=_evaluated_peak(problem, result),
         status=ilp.Status.OPTIMAL if proven else ilp.Status.FEASIBLE,
         gap=0.0 if proven else result.gap)
     d = _solve.decisions(graph, problem, result)
     no_remat = _solve.no_remat(graph, problem).peak_bytes
     return dataclasses.replace(plan_of(graph, d, d.peak_bytes, no_remat, options),
                                solve_seconds=sum(r.wall_s for r in solves))
+
+
+def _evaluated_peak(problem: ilp.Problem, result: ilp.Solution) -> int:
+    """The peak of ``result``'s decisions under ``problem`` (a result with a plan)."""
+    assert result.save is not None and result.recompute is not None  # set together
+    return ilp.evaluate(problem, result.save, result.recompute, result.offload)[1]

@@ -59,11 +59,13 @@ def load_plan(path: str | os.PathLike, fn: Any, *args: Any, **kwargs: Any) -> Pl
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
     _, _, graph = _trace.trace(flat_fn, avals, policy.placement, policy.layout)
     chosen, differences = policy.locate(graph)
+    d = None
     if not differences:
         d, differences = _evaluate(policy, graph, chosen)
         differences = differences or policy.structure_differences(graph)
     if differences:
         raise policy.mismatch(os.fspath(path), differences)
+    assert d is not None  # located and evaluated without differences
     no_remat = _solve.no_remat(graph, _solve.problem_of(graph)).peak_bytes
     plan = plan_of(graph, d, policy.budget_bytes, no_remat, PlanOptions(offload=policy.offload))
     return dataclasses.replace(plan, verified_peak_bytes=policy.verified_peak_bytes,

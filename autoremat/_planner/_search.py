@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import autoremat_ilp as ilp
 import numpy as np
@@ -96,7 +96,7 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
 
 def _solve_placement(graph: Graph, problem: ilp.Problem,
                      baseline: _solve.Decisions, budget_bytes: int, margin: int,
-                     options: PlanOptions, share: callable) -> _Outcome:
+                     options: PlanOptions, share: Callable[[], float]) -> _Outcome:
     """The :class:`_Outcome` of one placement within ``budget_bytes - margin``."""
     replay = _solve.replay_cost(graph, problem)
     within = budget_bytes - margin
@@ -122,11 +122,11 @@ def _cheapest(outcomes: Sequence[_Outcome], budget_bytes: int, options: PlanOpti
               clock: SolverClock) -> Plan:
     """The cheapest plan of ``outcomes``, its gap to the least bound of the others; or why
     there is none."""
-    found = [o for o in outcomes if o.plan is not None]
+    found = [(o, o.plan) for o in outcomes if o.plan is not None]
     spent = sum(o.solve_seconds for o in outcomes)
     if found:
-        best = min(found, key=lambda o: (o.cost, o.plan.peak_bytes))
-        plan = dataclasses.replace(best.plan, solve_seconds=spent)
+        best, best_plan = min(found, key=lambda f: (f[0].cost, f[1].peak_bytes))
+        plan = dataclasses.replace(best_plan, solve_seconds=spent)
         lower = min(o.bound for o in outcomes)
         if lower < best.cost:
             gap = max(plan.gap, (best.cost - max(0.0, lower)) / best.cost)

@@ -24,4 +24,4 @@ Flax Linen, with layers under ``nn.scan`` (one remat region per iteration; an
 For the model-object frameworks the plan is made for the pure function
 ``loss(static, arrays, *batch)`` (:mod:`autoremat.integrations._functional`): the plan's
 report, saved policy file and memory plot describe that function.
-"""
+"""  # noqa: E501 (the table's rows cannot wrap in Markdown)

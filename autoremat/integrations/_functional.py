@@ -56,6 +56,7 @@ class Functional:
         if self.changed is None:
             return out
         out, state = out
+        assert self.write_back is not None  # set with changed
         self.write_back(model, state)
         return out
 

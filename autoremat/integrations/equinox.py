@@ -34,6 +34,7 @@ def _split(model: Any) -> tuple[Hashable, Any]:
 
 
 def _merge(static: Hashable, arrays: Any) -> Any:
+    assert isinstance(static, tuple)  # made by _split
     treedef, leaves = static
     return eqx.combine(arrays, jax.tree.unflatten(treedef, leaves))
 

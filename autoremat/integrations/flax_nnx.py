@@ -35,7 +35,7 @@ __all__ = ["apply", "optimize", "plan"]
 
 _NNX = Functional(
     split=nnx.split,
-    merge=nnx.merge,
+    merge=nnx.merge,  # pyright: ignore[reportArgumentType]  (takes the GraphDef split gives)
     changed=lambda model: nnx.state(model, nnx.Not(nnx.Param)),
     write_back=nnx.update,
 )

@@ -7,7 +7,8 @@ the step's predicted peak: parameters, batch, their gradients, optimizer state, 
 activations and recomputation of the backward pass. The optimizer's update runs after
 the backward pass has freed the activations and is not modelled (with donated buffers it
 updates in place). A fractional budget (a float) is a fraction of the activation memory,
-on top of everything that must be held, optimizer state included: it is unchanged.
+on top of everything that must be held, optimizer state included: it is unchanged, as
+is ``"floor"``.
 
 ::
 
@@ -123,7 +124,7 @@ class TrainStep:
         try:
             yield
         except InfeasibleBudgetError as e:
-            if isinstance(self.budget, float):
+            if not isinstance(self.budget, int):
                 raise
             raise InfeasibleBudgetError(
                 self.budget, e.floor_bytes + tree_bytes(opt_state)) from None

@@ -107,7 +107,8 @@ def split_qkv(qkv: jax.Array, n_head: int) -> tuple[jax.Array, jax.Array, jax.Ar
     (batch, seq, n_head, d // n_head)."""
     b, t, d3 = qkv.shape
     parts = jnp.split(qkv.reshape(b, t, 3, n_head, d3 // (3 * n_head)), 3, axis=2)
-    return tuple(x[:, :, 0] for x in parts)
+    q, k, v = (x[:, :, 0] for x in parts)
+    return q, k, v
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:

@@ -25,7 +25,8 @@ import re
 
 import griffe
 
-_ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|exc|obj|const):`(~?)([\w.]+)(?:\(\))?`")
+_ROLE = re.compile(
+    r":(?:py:)?(?:func|class|mod|meth|attr|data|exc|obj|const):`(~?)([\w.]+)(?:\(\))?`")
 _LITERAL = re.compile(r"(?<=\S)::[ \t]*$", re.M)
 _LONE_LITERAL = re.compile(r"^[ \t]*::[ \t]*\n", re.M)
 
@@ -107,7 +108,8 @@ def convert(text: str, obj: griffe.Object) -> str:
         short, target = match.groups()
         title = target.rsplit(".", 1)[-1] if short else target
         identifier = html.escape(_identifier(obj, target), quote=True)
-        return f'<autoref identifier="{identifier}" optional><code>{html.escape(title)}</code></autoref>'
+        return (f'<autoref identifier="{identifier}" optional>'
+                f'<code>{html.escape(title)}</code></autoref>')
 
     text = _ROLE.sub(role, split_entries(text))
     text = _LONE_LITERAL.sub("", text)

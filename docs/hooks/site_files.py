@@ -50,8 +50,8 @@ GROUPS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("The real compiler", ("measure_step", "fits", "Measurement", "TARGETS")),
         ("Host offload", ("OffloadConfig",)),
         ("Measured operation costs", ("measure_op_times", "OpTimes")),
-        ("Errors", ("AutorematError", "InfeasibleBudgetError", "SolverTimeoutError", "BudgetNotVerifiedError",
-                    "CompilerUnavailableError", "UnsupportedProgramError",
+        ("Errors", ("AutorematError", "InfeasibleBudgetError", "SolverTimeoutError",
+                    "BudgetNotVerifiedError", "CompilerUnavailableError", "UnsupportedProgramError",
                     "PlanMismatchError", "PolicyFileError", "PolicyMismatchError")),
     ],
     "autoremat.zoo": [

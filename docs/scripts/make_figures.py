@@ -32,8 +32,10 @@ def memory_timeline() -> None:
     plan = autoremat.plan(loss, params, batch, budget=budget)
     path = IMAGES / f"memory-{MODEL}.png"
     plan.plot_memory(path, title=f"{MODEL}: budget {format_bytes(budget)}")
-    print(f"{path}: budget {format_bytes(budget)}, predicted peak {format_bytes(plan.peak_bytes)}"
-          f" (no remat {format_bytes(no_remat.peak_bytes)}, floor {format_bytes(floor.peak_bytes)}),"
+    print(f"{path}: budget {format_bytes(budget)}, "
+          f"predicted peak {format_bytes(plan.peak_bytes)}"
+          f" (no remat {format_bytes(no_remat.peak_bytes)},"
+          f" floor {format_bytes(floor.peak_bytes)}),"
           f" overhead {plan.overhead:.2%}, {plan.status}")
 
 
