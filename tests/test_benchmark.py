@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import autoremat
 from autoremat import _benchmark, zoo
 
 MIB = 2**20
@@ -46,7 +47,7 @@ def test_frontier_is_the_mixing_line_between_adjacent_builtins():
 
 def test_analytic_sweep_of_a_tiny_model_predicts_the_programs_flops():
     sweep = _benchmark.sweep(zoo.get("gpt2-small-tiny"), target=None, num_budgets=3,
-                             time_limit_s=20)
+                             options=autoremat.PlanOptions(time_limit_s=20))
     names = [r.name for r in sweep.rows if r.kind == "builtin"]
     assert names == list(_benchmark.BUILTIN_POLICIES)
     assert {r.name for r in sweep.rows if r.kind == "maxtext"} >= {"save_qkv_proj", "minimal"}
