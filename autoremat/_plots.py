@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import autoremat_ilp as ilp
 import numpy as np
@@ -12,8 +12,10 @@ from autoremat import _solve
 from autoremat._budget import format_bytes
 
 if TYPE_CHECKING:
-    from autoremat._benchmark import Sweep
+    from autoremat._benchmark import Row, Sweep
     from autoremat._plan import Plan
+
+T = TypeVar("T")
 
 
 def _pyplot() -> Any:
@@ -27,6 +29,19 @@ def _pyplot() -> Any:
     return plt
 
 
+def _known(x: T | None) -> T:
+    """``x``, which the sweep recorded (autoremat rows carry their budget and prediction)."""
+    assert x is not None
+    return x
+
+
+def _real(sweep: Sweep, r: Row) -> tuple[int, float]:
+    """Row ``r``'s compiled peak bytes and overhead, where the sweep measured them."""
+    peak, overhead = r.real_peak_bytes, sweep.overhead(r)
+    assert peak is not None and overhead is not None
+    return peak, overhead
+
+
 def pareto(sweep: Sweep, path: str | os.PathLike) -> None:
     """Peak memory against recompute overhead: autoremat's plans (real and predicted)
     beside the built-in policies and the frontier their per-layer mixtures reach.
@@ -38,23 +53,24 @@ def pareto(sweep: Sweep, path: str | os.PathLike) -> None:
     fig, ax = plt.subplots(figsize=(8, 5.5))
     others = sorted((r for r in sweep.rows if r.kind != "autoremat"
                      and r.real_peak_bytes is not None and sweep.overhead(r) is not None),
-                    key=lambda r: r.real_peak_bytes)
+                    key=lambda r: _real(sweep, r)[0])
     for r in others:
-        ax.scatter(r.real_peak_bytes / gib, 100 * sweep.overhead(r),
+        peak, overhead = _real(sweep, r)
+        ax.scatter(peak / gib, 100 * overhead,
                    marker="s" if r.kind == "builtin" else "^", color="tab:gray", zorder=3)
-        ax.annotate(r.name, (r.real_peak_bytes / gib, 100 * sweep.overhead(r)), fontsize=7,
+        ax.annotate(r.name, (peak / gib, 100 * overhead), fontsize=7,
                     xytext=(4, 4), textcoords="offset points")
     plans = [r for r in sweep.rows if r.kind == "autoremat" and r.predicted_peak_bytes]
-    real = [r for r in plans if r.real_peak_bytes is not None]
+    real = [_real(sweep, r) for r in plans if r.real_peak_bytes is not None]
     if real:
-        ax.plot([r.real_peak_bytes / gib for r in real],
-                [100 * sweep.overhead(r) for r in real], "o-", color="tab:blue",
+        ax.plot([peak / gib for peak, _ in real],
+                [100 * overhead for _, overhead in real], "o-", color="tab:blue",
                 label=f"autoremat, compiled for {sweep.target}", zorder=4)
-        budgets = [r.budget_bytes / gib for r in real]
-        ax.vlines(budgets, 0, [100 * sweep.overhead(r) for r in real], color="tab:blue",
+        budgets = [_known(r.budget_bytes) / gib for r in plans if r.real_peak_bytes is not None]
+        ax.vlines(budgets, 0, [100 * overhead for _, overhead in real], color="tab:blue",
                   alpha=0.15, linestyles="dotted", label="budgets asked for")
-    ax.plot([r.predicted_peak_bytes / gib for r in plans],
-            [100 * r.predicted_overhead for r in plans], "x--", color="tab:orange",
+    ax.plot([_known(r.predicted_peak_bytes) / gib for r in plans],
+            [100 * _known(r.predicted_overhead) for r in plans], "x--", color="tab:orange",
             alpha=0.7, label="autoremat, analytic prediction")
     ax.set_xlabel("peak memory of the training step (GiB)")
     ax.set_ylabel("recompute overhead (% of the step's FLOPs)")

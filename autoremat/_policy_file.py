@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import jax
 import jsonschema
+import jsonschema.exceptions
 import numpy as np
 
 from autoremat import _placement
@@ -245,7 +246,7 @@ class PolicyFile:
             fingerprint=graph.fingerprint, arg_bytes=graph.arg_bytes,
             grad_bytes=graph.grad_bytes, placement=plan.placement,
             regions=tuple(RegionSummary(r.kind, r.length, int(n))
-                          for r, n in zip(graph.regions, counts)),
+                          for r, n in zip(graph.regions, counts, strict=True)),
             decisions=decisions_of(graph, plan.actions), offload=plan.offload,
             layout=plan.layout)
 
@@ -332,12 +333,13 @@ class PolicyFile:
 
     def _region_differences(self, graph: Graph) -> list[str]:
         counts = np.bincount(graph.array("region"), minlength=len(graph.regions))
-        found = [RegionSummary(r.kind, r.length, int(n)) for r, n in zip(graph.regions, counts)]
+        found = [RegionSummary(r.kind, r.length, int(n))
+                 for r, n in zip(graph.regions, counts, strict=True)]
         if len(found) != len(self.regions):
             return [f"regions: {len(self.regions)} in the file, {len(found)} in the function"]
         out = [] if graph.layout == self.layout else [
             f"layout: {self.layout} in the file, {graph.layout} in the function's trace"]
-        for i, (a, b) in enumerate(zip(self.regions, found)):
+        for i, (a, b) in enumerate(zip(self.regions, found, strict=True)):
             for field in ("kind", "length", "values"):
                 if getattr(a, field) != getattr(b, field):
                     out.append(f"region {i}: {field} {getattr(a, field)} in the file, "

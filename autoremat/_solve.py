@@ -2,8 +2,9 @@
 
 The graph is stated as an :class:`autoremat_ilp.Problem` (:func:`problem_of`, memory model
 below) and solved as an integer program (HiGHS through highspy, then SCIP through OR-tools
-if HiGHS proves nothing in its share of the time). The regions are fixed here; :func:`autoremat.plan` solves each
-candidate placement of them (:func:`autoremat._planner._candidates.candidates`) and keeps the cheapest.
+if HiGHS proves nothing in its share of the time). The regions are fixed here;
+:func:`autoremat.plan` solves each candidate placement of them
+(:func:`autoremat._planner._candidates.candidates`) and keeps the cheapest.
 
 Memory model. Regions are numbered in program order; the backward visits them in
 reverse. At region ``i``'s stage the bytes in use are:
@@ -152,6 +153,11 @@ def decisions(graph: Graph, problem: ilp.Problem,
     ids = graph.array("id")
     flops = graph.recompute_flops()
     offload = result.offload if result.offload is not None else np.zeros(len(ids), bool)
+    # A solution offloads only where the problem allows it, which sets offload_cost.
+    offload_flops = 0
+    if offload.any():
+        assert problem.offload_cost is not None
+        offload_flops = int(problem.offload_cost[offload].sum())
     return Decisions(
         saved=frozenset(int(i) for i in ids[result.save]),
         recomputed=frozenset(int(i) for i in ids[result.recompute]),
@@ -165,7 +171,7 @@ def decisions(graph: Graph, problem: ilp.Problem,
         solve_seconds=result.wall_s,
         offloaded=frozenset(int(i) for i in ids[offload]),
         offloaded_bytes=ilp.host_bytes(problem, offload),
-        offload_flops=int(problem.offload_cost[offload].sum()) if offload.any() else 0,
+        offload_flops=offload_flops,
     )
 
 

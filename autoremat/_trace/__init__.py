@@ -13,8 +13,8 @@ itself is asked. Every value of the region is named, the region is wrapped in a
 With names, each operation's backward reads only its (named) inputs, or its named
 output where its JVP reads the output (``exp``, ``tanh``; see
 :func:`autoremat._program.region_fn`), so this set does not depend on the plan; the plan
-only decides whether each read value is saved or recomputed. What JAX recomputes even so (values no name
-reaches) is measured the same way and counted in every plan
+only decides whether each read value is saved or recomputed. What JAX recomputes even so
+(values no name reaches) is measured the same way and counted in every plan
 (:attr:`autoremat._graph.Graph.fixed_flops`).
 """
 

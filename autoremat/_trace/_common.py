@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -20,7 +20,7 @@ def source_of(eqn: Eqn) -> str:
     return source_info_util.summarize(eqn.source_info) or "?"
 
 
-def abstract(ids: Sequence[int], avals: dict) -> list[jax.ShapeDtypeStruct]:
+def abstract(ids: Sequence[int], avals: Mapping[int, Any]) -> list[jax.ShapeDtypeStruct]:
     """The values ``ids`` as abstract arguments (with their avals' explicit shardings)."""
     return [jax.ShapeDtypeStruct(avals[i].shape, avals[i].dtype,
                                  sharding=_sharding.leaf_sharding(None, avals[i]))

@@ -163,12 +163,16 @@ def _scan(build: _Build, r: Segment) -> tuple[Region, RegionAnswer]:
     for v in build.made(slices):
         v.saveable = False  # made again in the backward pass
     body, length = scan.scan_body, scan.params["length"]
+    assert body is not None  # a scan region ends with a top-level scan
     outer_consts, _, _ = _program.scan_operands(scan, scan.ins)
     operands = [*body.consts, *body.carry_in, *body.xs_in]
     if slices:  # measured whole, in the checkpoint around the loop
         fixed = _fixed_flops(program, r, frozenset((*produced(body.eqns), *body.carry_in)))
     else:
-        fixed = lambda _: length * _fixed_loop_flops(program, body, operands)
+        def loop_fixed(_: int) -> int:
+            return length * _fixed_loop_flops(program, body, operands)
+
+        fixed = loop_fixed
     answer = _ask(build, r, lambda: scan_step_fn(body, program.consts), operands, fixed)
     flat_ids = [*outer_consts, *body.carry_in, *body.xs_in]
     for vid in (flat_ids[k] for k in answer.inputs_read):
@@ -236,6 +240,7 @@ def _scan_bytes(build: _Build, r: Segment) -> tuple[int, int]:
     program, facts = build.program, build.facts
     *slices, scan = r.eqns
     body = scan.scan_body
+    assert body is not None  # a scan region ends with a top-level scan
     outer_consts, _, _ = _program.scan_operands(scan, scan.ins)
     kept = {a for a in (*body.carry_out, *body.ys_out) if isinstance(a, int)}
     work = work_bytes(body.eqns, [*body.carry_in, *body.xs_in], kept, program.value_bytes,

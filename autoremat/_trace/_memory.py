@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 
@@ -11,8 +12,8 @@ from autoremat._program import Eqn, Program, Segment
 from autoremat._trace._common import is_float
 
 
-def work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int],
-               value_bytes: Callable[[int], int], free: set[int]) -> int:
+def work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: AbstractSet[int],
+               value_bytes: Callable[[int], int], free: AbstractSet[int]) -> int:
     """Peak bytes live in one pass over ``eqns``, each value freed after its last read.
 
     Values in ``kept`` (read after the region) live to the end. Other outputs of
@@ -26,7 +27,10 @@ def work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int],
             if isinstance(a, int):
                 last[a] = i
     fused = {o for e in eqns if fusible(e.primitive.name) for o in e.outs if o not in kept}
-    size = lambda i: 0 if i in free or i in fused else value_bytes(i)
+
+    def size(i: int) -> int:
+        return 0 if i in free or i in fused else value_bytes(i)
+
     live = {i for i in inputs if i in last}
     cur = peak = sum(size(i) for i in live)
     for i, e in enumerate(eqns):
@@ -41,8 +45,9 @@ def work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: set[int],
     return peak
 
 
-def cotangent_bytes(eqns: Sequence[Eqn], later: set[int], value_bytes: Callable[[int], int],
-                    differentiable: set[int]) -> int:
+def cotangent_bytes(eqns: Sequence[Eqn], later: AbstractSet[int],
+                    value_bytes: Callable[[int], int],
+                    differentiable: AbstractSet[int]) -> int:
     """Peak bytes of cotangents live in one backward pass over ``eqns`` (in reverse).
 
     A value's cotangent exists from the backward of its last reader to that of its
@@ -59,7 +64,10 @@ def cotangent_bytes(eqns: Sequence[Eqn], later: set[int], value_bytes: Callable[
     last = {a: i for i, e in enumerate(eqns) for a in e.ins if isinstance(a, int)}
     materialized |= {a for a, i in last.items() if a in differentiable
                      and i and barriers[i - 1] > (barriers[made[a]] if a in made else 0)}
-    size = lambda i: value_bytes(i) if i in materialized else 0
+
+    def size(i: int) -> int:
+        return value_bytes(i) if i in materialized else 0
+
     live = {o for o in later if o in differentiable}
     cur = peak = sum(size(i) for i in live)
     for e in reversed(eqns):
@@ -93,8 +101,8 @@ def cotangent_holders(eqns: Sequence[Eqn], value_bytes: Callable[[int], int],
 
 
 def in_flight_cotangent_bytes(regions: Sequence[Segment], last_reader: dict[int, int],
-                              value_bytes: Callable[[int], int], differentiable: set[int]
-                              ) -> list[int]:
+                              value_bytes: Callable[[int], int],
+                              differentiable: AbstractSet[int]) -> list[int]:
     """Bytes of cotangents live across each region's whole backward pass: those of values
     made in an earlier region and read in a later one but not in it (a long skip
     connection). The cotangent starts at the backward of the last region reading the
@@ -121,10 +129,11 @@ def differentiable(program: Program) -> set[int]:
             if e.scan_body is not None:
                 body = e.scan_body
                 out.update(i for i in (*body.carry_in, *body.xs_in) if is_float(program.avals[i]))
-                out.update(c for c, o in zip(body.consts, e.ins) if o in out)
+                # Not strict: the scan's operands start with its constants (then carry, xs).
+                out.update(c for c, o in zip(body.consts, e.ins, strict=False) if o in out)
                 visit(body.eqns)
             if e.shard_body is not None:
-                out.update(b for b, o in zip(e.shard_body.ins, e.ins) if o in out)
+                out.update(b for b, o in zip(e.shard_body.ins, e.ins, strict=True) if o in out)
                 visit(e.shard_body.eqns)
             if e.primitive.name != "stop_gradient" and any(a in out for a in e.ins
                                                            if isinstance(a, int)):

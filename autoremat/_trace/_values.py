@@ -93,10 +93,11 @@ class _ValueTable:
         """A ``shard_map``'s body values (per device), and its results, computed from the
         body's for free (recomputing one re-runs the body's share of the work)."""
         body = e.shard_body
-        inner = {**alias, **dict(zip(body.ins, ins))}
+        assert body is not None  # called for shard_maps only
+        inner = {**alias, **dict(zip(body.ins, ins, strict=True))}
         self.add_eqns(body.eqns, mult, inner)
         source = source_of(e)
-        for o, b in zip(e.outs, body.outs):
+        for o, b in zip(e.outs, body.outs, strict=True):
             self.add(o, mult, e.primitive.name, source, 0,
                      [inner.get(b, b)] if isinstance(b, int) else [], saveable=True,
                      recomputable=True)
@@ -104,15 +105,16 @@ class _ValueTable:
     def add_scan(self, scan: Eqn) -> None:
         """A top-level scan's results, and its body's values, kept once per iteration."""
         body, length = scan.scan_body, scan.params["length"]
+        assert body is not None  # a top-level scan
         outer_consts, _, outer_xs = _program.scan_operands(scan, scan.ins)
         self.add_eqns([scan], 1, {})
         source = source_of(scan)
         for c in body.carry_in:
             self.add(c, length, "carry_in", source, 0, (), saveable=True, recomputable=False)
-        for x, outer in zip(body.xs_in, outer_xs):
+        for x, outer in zip(body.xs_in, outer_xs, strict=True):
             self.add(x, length, "xs_in", source, 0, (outer,), saveable=False,
                      recomputable=True)
-        self.add_eqns(body.eqns, length, dict(zip(body.consts, outer_consts)))
+        self.add_eqns(body.eqns, length, dict(zip(body.consts, outer_consts, strict=True)))
         # JAX hoists residuals computed from loop invariants alone: saved once, not per step.
         invariant = set(body.consts)
         for e in body.eqns:
