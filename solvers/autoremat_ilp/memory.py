@@ -94,6 +94,8 @@ def stage_bytes(problem: Problem, save: np.ndarray, recompute: np.ndarray,
     stages = _stages(problem, problem.base, problem.forward_base, held, own, trans)
     if problem.unshared is None:
         return stages
+    # ``unshared`` comes with both reserved bases.
+    assert problem.reserved_base is not None and problem.reserved_forward_base is not None
     rheld, rown = _held_by_region(problem, saved & problem.unshared)
     return np.maximum(stages, _stages(problem, problem.reserved_base,
                                       problem.reserved_forward_base, rheld, rown, trans))
@@ -120,10 +122,13 @@ def _stages(problem: Problem, base: np.ndarray, forward_base: np.ndarray,
             held: np.ndarray, own: np.ndarray, trans: np.ndarray) -> np.ndarray:
     """Backward then forward stage bytes: a stage's base, what the regions whose saved
     values it holds hold, and the region's own (forward) and recomputed (backward) values."""
-    as_int = lambda a: np.array([int(b) for b in a], dtype=object)
+    def as_int(a):
+        return np.array([int(b) for b in a], dtype=object)
+
+    def over(window):
+        return np.array([sum(held[window[i]], 0) for i in range(len(held))], dtype=object)
+
     backward, forward = windows(problem)
-    over = lambda window: np.array([sum(held[window[i]], 0) for i in range(len(held))],
-                                   dtype=object)
     return np.concatenate([as_int(base) + over(backward) + trans,
                            as_int(forward_base) + over(forward) + own])
 
@@ -157,6 +162,7 @@ def evaluate(problem: Problem, save: np.ndarray, recompute: np.ndarray,
     peak = int(max(stage_bytes(problem, save, recompute, offload), default=0))
     cost = float(problem.cost[recompute.astype(bool)].sum())
     if offload is not None and offload.any():
+        assert problem.offload_cost is not None  # an offloading problem has offload costs
         cost += float(problem.offload_cost[offload.astype(bool)].sum())
     return cost, peak
 

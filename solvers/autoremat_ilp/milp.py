@@ -19,6 +19,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import highspy
 import numpy as np
@@ -68,9 +69,10 @@ class Milp:
 
     def __post_init__(self) -> None:
         n = len(self.c)
-        m = self.A.shape[0]
-        if self.A.shape[1] != n:
-            raise ValueError(f"A has {self.A.shape[1]} columns for {n} variables")
+        # scipy's sparse ``shape`` is untyped (inferred as ``None``).
+        m = self.A.shape[0]  # pyright: ignore[reportOptionalSubscript]
+        if self.A.shape[1] != n:  # pyright: ignore[reportOptionalSubscript]
+            raise ValueError(f"A has {self.A.shape[1]} columns for {n} variables")  # pyright: ignore[reportOptionalSubscript]
         for name, arr, size in (
             ("row_lb", self.row_lb, m),
             ("row_ub", self.row_ub, m),
@@ -130,7 +132,7 @@ def _to_proto(milp: Milp) -> linear_solver_pb2.MPModelProto:
         var.is_integer = bool(milp.integer[j])
     A = milp.A.tocsr()
     A.sort_indices()
-    for i in range(A.shape[0]):
+    for i in range(A.shape[0]):  # pyright: ignore[reportOptionalSubscript]
         lo, hi = A.indptr[i], A.indptr[i + 1]
         row = proto.constraint.add()
         row.lower_bound = float(milp.row_lb[i])
@@ -186,7 +188,7 @@ def _solve_highspy(milp: Milp, time_limit_s: float | None,
                    relative_gap: float, progress: Progress | None) -> MilpResult:
     # The raw binding: the public ``highspy.Highs`` prints HiGHS's banner on stdout when
     # it is made, before output can be switched off.
-    h = highspy._Highs()
+    h = highspy._Highs()  # pyright: ignore[reportAttributeAccessIssue]
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
     h.setOptionValue("mip_rel_gap", float(relative_gap))
@@ -221,7 +223,7 @@ def _to_highs_lp(milp: Milp) -> object:
     A = milp.A.tocsc()
     A.sort_indices()
     lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = A.shape[1], A.shape[0]
+    lp.num_col_, lp.num_row_ = A.shape[1], A.shape[0]  # pyright: ignore[reportOptionalSubscript]
     lp.col_cost_ = np.asarray(milp.c, dtype=float)
     lp.col_lower_ = np.asarray(milp.var_lb, dtype=float)
     lp.col_upper_ = np.asarray(milp.var_ub, dtype=float)
@@ -237,7 +239,7 @@ def _to_highs_lp(milp: Milp) -> object:
     return lp
 
 
-def _report_progress(h: object, progress: Progress, start: float,
+def _report_progress(h: Any, progress: Progress, start: float,
                      errors: list[BaseException]) -> None:
     """Calls ``progress`` from HiGHS's callbacks: at each better solution, and at most every
     :data:`_PROGRESS_INTERVAL_S` otherwise. An exception (Ctrl-C included) interrupts the
@@ -245,7 +247,7 @@ def _report_progress(h: object, progress: Progress, start: float,
     kinds = highspy.cb.HighsCallbackType
     last = -math.inf
 
-    def on_event(kind: object, message: str, out: object, into: object, data: object) -> None:
+    def on_event(kind: object, message: str, out: Any, into: Any, data: object) -> None:
         nonlocal last
         now = time.perf_counter()
         improving = kind == kinds.kCallbackMipImprovingSolution

@@ -82,7 +82,7 @@ class _Rows:
         self._entries.append((rows, columns, coefs.astype(float)))
 
     def matrix(self, n: int) -> sp.csr_matrix:
-        rows, columns, coefs = (np.concatenate(a) for a in zip(*self._entries))
+        rows, columns, coefs = (np.concatenate(a) for a in zip(*self._entries, strict=True))
         return sp.csr_matrix((coefs, (rows, columns)), shape=(self.m, n))
 
 
@@ -145,21 +145,26 @@ def cost_unit(problem: Problem) -> float:
     """The cost the model's objective counts in: the largest recompute or offload cost."""
     unit = max(1.0, float(problem.cost.max(initial=1.0)))
     if problem.offloading:
+        assert problem.offload_cost is not None and problem.can_offload is not None
         unit = max(unit, float(problem.offload_cost[problem.can_offload].max(initial=1.0)))
     return unit
 
 
 def _variables(problem: Problem, layout: ColumnLayout) -> Variables:
     V, R = problem.num_values, problem.num_regions
-    return Variables(
-        save=layout.block(problem.must_save, problem.can_save, integer=True),
-        recompute=layout.block(np.zeros(V), problem.can_recompute, integer=True),
-        held=layout.block(np.zeros(R), np.inf, integer=False),
-        peak=int(layout.block(np.zeros(1), np.inf, integer=False)[0]),
-        offload=(layout.block(np.zeros(V), problem.can_offload, integer=True)
-                 if problem.offloading else None),
-        held_unshared=(layout.block(np.zeros(R), np.inf, integer=False)
-                       if problem.unshared is not None else None))
+    # The blocks are laid out in this order.
+    save = layout.block(problem.must_save, problem.can_save, integer=True)
+    recompute = layout.block(np.zeros(V), problem.can_recompute, integer=True)
+    held = layout.block(np.zeros(R), np.inf, integer=False)
+    peak = int(layout.block(np.zeros(1), np.inf, integer=False)[0])
+    offload = None
+    if problem.offloading:
+        assert problem.can_offload is not None
+        offload = layout.block(np.zeros(V), problem.can_offload, integer=True)
+    held_unshared = (layout.block(np.zeros(R), np.inf, integer=False)
+                     if problem.unshared is not None else None)
+    return Variables(save=save, recompute=recompute, held=held, peak=peak, offload=offload,
+                     held_unshared=held_unshared)
 
 
 def _cover(rows: _Rows, x: Variables, problem: Problem) -> None:
@@ -198,6 +203,7 @@ def _save_or_offload(rows: _Rows, x: Variables, problem: Problem) -> None:
 
         save[v] + offload[v] <= 1                       for v in can_offload
     """
+    assert x.offload is not None and problem.can_offload is not None
     off = np.flatnonzero(problem.can_offload)
     ids = rows.add(len(off), -np.inf, 1.0)
     rows.terms(np.tile(ids, 2), np.concatenate([x.save[off], x.offload[off]]),
@@ -237,6 +243,7 @@ def _stage(rows: _Rows, x: Variables, problem: Problem, unit: float, budget: flo
     if transient is not None:
         rows.terms(at, x.recompute, transient / unit)
     if x.offload is not None:
+        assert offloaded is not None  # an offloading problem has offload bytes
         rows.terms(at, x.offload, offloaded.astype(float) / unit)
     if budget is None:
         rows.terms(ids, np.full(R, x.peak), -np.ones(R))
@@ -248,6 +255,7 @@ def _host_memory(rows: _Rows, x: Variables, problem: Problem, unit: float) -> No
 
         sum(held[v] * offload[v]) <= host_budget - 1e-6 * unit
     """
+    assert x.offload is not None
     (row,) = rows.add(1, -np.inf, problem.host_budget / unit - 1e-6)
     rows.terms(np.full(problem.num_values, row), x.offload, problem.held / unit)
 
@@ -261,6 +269,7 @@ def _objective(x: Variables, problem: Problem, n: int, budget: float | None) -> 
         return c
     c[x.recompute] = problem.cost / cost_unit(problem)
     if x.offload is not None:
+        assert problem.offload_cost is not None  # an offloading problem has offload costs
         c[x.offload] = problem.offload_cost / cost_unit(problem)
     return c
 
@@ -297,16 +306,22 @@ def build_model(problem: Problem, budget: float | None) -> Model:
     if x.offload is not None:
         _save_or_offload(rows, x, problem)
     _held(rows, x.held, x, problem, problem.held, unit)
+    unshared = None
     if x.held_unshared is not None:
+        assert problem.unshared is not None
         unshared = problem.unshared.astype(float)
         _held(rows, x.held_unshared, x, problem, problem.held * unshared, unit)
     backward, forward = windows(problem)
-    stage = lambda **kw: _stage(rows, x, problem, unit, budget, **kw)
+
+    def stage(**kw):
+        return _stage(rows, x, problem, unit, budget, **kw)
+
     stage(base=problem.base, window=backward, held=x.held, own=None,
           transient=problem.transient, offloaded=problem.offload_backward)
     stage(base=problem.forward_base, window=forward, held=x.held, own=problem.forward_held,
           transient=None, offloaded=problem.offload_forward)
     if x.held_unshared is not None:
+        assert unshared is not None
         stage(base=problem.reserved_base, window=backward, held=x.held_unshared, own=None,
               transient=problem.transient, offloaded=problem.offload_backward)
         stage(base=problem.reserved_forward_base, window=forward, held=x.held_unshared,

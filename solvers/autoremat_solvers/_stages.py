@@ -11,7 +11,9 @@ from autoremat_solvers.graph import ComputeGraph
 from autoremat_solvers.schedule import Schedule
 
 
-def recompute_closure(graph: ComputeGraph, resident: Collection[int], needed: Iterable[int]) -> list[int]:
+def recompute_closure(
+    graph: ComputeGraph, resident: Collection[int], needed: Iterable[int]
+) -> list[int]:
     """The nodes to compute so that ``needed`` are computed given ``resident`` values, ascending."""
     todo = list(needed)
     out: set[int] = set()

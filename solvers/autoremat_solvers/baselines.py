@@ -42,7 +42,9 @@ def _forward_phase_end(graph: ComputeGraph) -> int:
     return next((v for v in range(graph.n) if graph.backward[v]), graph.n)
 
 
-def _result(graph: ComputeGraph, budget: float, candidates: list[Schedule], start: float) -> SolverResult:
+def _result(
+    graph: ComputeGraph, budget: float, candidates: list[Schedule], start: float
+) -> SolverResult:
     """The cheapest candidate that the simulator accepts at ``budget``."""
     best: tuple[float, Schedule] | None = None
     for schedule in candidates:
@@ -75,23 +77,37 @@ def _chen_candidates(graph: ComputeGraph) -> list[int]:
     return sorted(nx.articulation_points(undirected)) or fwd
 
 
-def checkpoint_all(graph: ComputeGraph, budget: float, time_limit_s: float | None = None) -> SolverResult:
+def checkpoint_all(
+    graph: ComputeGraph, budget: float, time_limit_s: float | None = None
+) -> SolverResult:
     """Keeps every value until its last use; computes each node once."""
     start = time.perf_counter()
     return _result(graph, budget, [schedule_from_policy(graph, lambda t, v, r: True)], start)
 
 
-def chen_sqrtn(graph: ComputeGraph, budget: float, time_limit_s: float | None = None) -> SolverResult:
-    """Chen et al. (2016) sqrt(n): every ``floor(sqrt(c))``-th of ``c`` candidates is a checkpoint."""
+def chen_sqrtn(
+    graph: ComputeGraph, budget: float, time_limit_s: float | None = None
+) -> SolverResult:
+    """Chen et al. (2016) sqrt(n).
+
+    Every ``floor(sqrt(c))``-th of ``c`` candidates is a checkpoint.
+    """
     start = time.perf_counter()
     candidates = _chen_candidates(graph)
     k = max(1, math.isqrt(len(candidates)))
     checkpoints = {v for i, v in enumerate(candidates) if (i + 1) % k == 0}
-    return _result(graph, budget, [schedule_from_policy(graph, checkpoint_policy(graph, checkpoints))], start)
+    return _result(
+        graph, budget, [schedule_from_policy(graph, checkpoint_policy(graph, checkpoints))], start
+    )
 
 
-def _greedy_checkpoints(graph: ComputeGraph, candidates: set[int], segment_bytes: float) -> set[int]:
-    """Chen et al. Algorithm 3: checkpoint a candidate once the segment exceeds ``segment_bytes``."""
+def _greedy_checkpoints(
+    graph: ComputeGraph, candidates: set[int], segment_bytes: float
+) -> set[int]:
+    """Chen et al. Algorithm 3.
+
+    Checkpoints a candidate once the segment exceeds ``segment_bytes``.
+    """
     checkpoints = set()
     segment = 0
     for v in _forward_nodes(graph):
@@ -105,7 +121,10 @@ def _greedy_checkpoints(graph: ComputeGraph, candidates: set[int], segment_bytes
 def chen_greedy(
     graph: ComputeGraph, budget: float, time_limit_s: float | None = None, *, n_sweep: int = 32
 ) -> SolverResult:
-    """Chen et al. greedy, sweeping the segment size geometrically; the cheapest fitting schedule."""
+    """Chen et al. greedy, sweeping the segment size geometrically.
+
+    Returns the cheapest fitting schedule.
+    """
     start = time.perf_counter()
     candidates = set(_chen_candidates(graph))
     fwd_ram = [graph.ram[v] for v in _forward_nodes(graph)] or [1]
@@ -137,7 +156,9 @@ def _bisection_alive(m: int, slots: int) -> list[frozenset[int]]:
     return alive
 
 
-def griewank_logn(graph: ComputeGraph, budget: float, time_limit_s: float | None = None) -> SolverResult:
+def griewank_logn(
+    graph: ComputeGraph, budget: float, time_limit_s: float | None = None
+) -> SolverResult:
     """Griewank & Walther (2000) checkpointing with ``ceil(log2 m)`` slots by bisection."""
     start = time.perf_counter()
     fwd = _forward_nodes(graph)

@@ -26,7 +26,9 @@ from autoremat_solvers.schedule import Schedule, simulate
 __all__ = ["solve"]
 
 
-def _round(graph: ComputeGraph, S_frac: np.ndarray, n_samples: int, rng: np.random.Generator) -> list[Schedule]:
+def _round(
+    graph: ComputeGraph, S_frac: np.ndarray, n_samples: int, rng: np.random.Generator
+) -> list[Schedule]:
     storages = [S_frac > 0.5] + [rng.random(S_frac.shape) < S_frac for _ in range(n_samples)]
     return [schedule_from_storage(graph, S) for S in storages]
 
@@ -68,11 +70,14 @@ def solve(
         model = build_checkmate_milp(graph, budget * factor, integer=False)
         res = solve_milp(model.milp, backend=backend, time_limit_s=remaining)
         if res.status is Status.INFEASIBLE and factor == 1.0:  # proves the MILP infeasible
-            return SolverResult(None, Status.INFEASIBLE, math.inf, math.inf, time.perf_counter() - start)
+            return SolverResult(
+                None, Status.INFEASIBLE, math.inf, math.inf, time.perf_counter() - start
+            )
         if res.status is not Status.OPTIMAL:
             break
         if factor == 1.0:
             lower_bound = res.objective
+        assert res.x is not None  # an OPTIMAL result has a solution
         _, S_frac = model.matrices(res.x)
         for schedule in _round(graph, S_frac, n_samples, rng):
             sim = simulate(graph, schedule, budget)

@@ -97,7 +97,9 @@ class _Rows:
         return A, np.concatenate(self.lb), np.concatenate(self.ub)
 
 
-def build_checkmate_milp(graph: ComputeGraph, budget: float, *, integer: bool = True) -> CheckmateModel:
+def build_checkmate_milp(
+    graph: ComputeGraph, budget: float, *, integer: bool = True
+) -> CheckmateModel:
     """Builds Checkmate's MILP (or, with ``integer=False``, its LP relaxation)."""
     n = graph.n
     ram = np.asarray(graph.ram, dtype=float) / max(1, max(graph.ram))
@@ -160,7 +162,9 @@ def build_checkmate_milp(graph: ComputeGraph, budget: float, *, integer: bool = 
     rows.add(row, U(tt, kk), -1.0)
     rows.add(row, R(tt, kk + 1), -ram[kk + 1])
     reps = per_k[kk]
-    e_idx = np.repeat(ext_start[kk], reps) + (np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps))
+    e_idx = np.repeat(ext_start[kk], reps) + (
+        np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)
+    )
     t_rep = np.repeat(tt, reps)
     rows.add(np.repeat(row, reps), F(t_rep, e_idx), ram[xu[e_idx]])
     # FREE[t, (i, k)] = 1 iff no hazard: R[t, k] = 0, S[t+1, i] = 1, or a later user of i computed.
@@ -217,7 +221,9 @@ def solve(
     if budget < graph.memory_floor():
         return SolverResult.below_floor(time.perf_counter() - start)
     model = build_checkmate_milp(graph, budget)
-    res = solve_milp(model.milp, backend=backend, time_limit_s=time_limit_s, relative_gap=relative_gap)
+    res = solve_milp(
+        model.milp, backend=backend, time_limit_s=time_limit_s, relative_gap=relative_gap
+    )
     schedule = None
     if res.x is not None:
         R, S = model.matrices(res.x)

@@ -32,10 +32,10 @@ each valid for *some* optimal schedule of the original model:
 The MILP is built from numpy/scipy.sparse arrays and solved single-threaded with highspy
 (HiGHS's own interface: time limit, gap, a MIP start). Before the solve, the fast heuristics
 (Chen's and Griewank's baselines, the ``jax_policy`` adapter, and roundings of this model's LP
-relaxation when ``lp_rounding`` is set) are replayed by the simulator; the cheapest schedule that fits is
-converted to a full MIP start (``FREE`` and ``U`` derived from ``R`` and ``S``), so the solver
-always holds an incumbent and its gap is meaningful. When every cost is an integer, the
-optimality test also accepts ``incumbent - bound < 1``.
+relaxation when ``lp_rounding`` is set) are replayed by the simulator; the cheapest schedule
+that fits is converted to a full MIP start (``FREE`` and ``U`` derived from ``R`` and ``S``),
+so the solver always holds an incumbent and its gap is meaningful. When every cost is an
+integer, the optimality test also accepts ``incumbent - bound < 1``.
 """
 
 from __future__ import annotations
@@ -75,7 +75,12 @@ def canonical_schedule(graph: ComputeGraph, schedule: Schedule) -> Schedule | No
     """
     n = graph.n
     R, S = schedule.R.copy(), schedule.S.copy()
-    if R.shape != (n, n) or not R[np.arange(n), np.arange(n)].all() or np.triu(R, 1).any() or np.triu(S).any():
+    if (
+        R.shape != (n, n)
+        or not R[np.arange(n), np.arange(n)].all()
+        or np.triu(R, 1).any()
+        or np.triu(S).any()
+    ):
         return None
     R &= ~S
     R[np.arange(n), np.arange(n)] = True
@@ -100,8 +105,10 @@ class _Rows(checkmate_milp._Rows):
     """:class:`checkmate_milp._Rows` that hands out row indices, refuses columns of
     fixed-out variables, and merges duplicate entries."""
 
-    def new(self, k: int, lb: np.ndarray | float, ub: np.ndarray | float) -> np.ndarray:
-        """Reserves ``k`` rows; returns their indices."""
+    def new(  # pyright: ignore[reportIncompatibleMethodOverride]
+        self, k: int, lb: np.ndarray | float, ub: np.ndarray | float
+    ) -> np.ndarray:
+        """Reserves ``k`` rows; returns their indices (the base returns the first's)."""
         return super().new(k, lb, ub) + np.arange(k)
 
     def add(self, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray | float) -> None:
@@ -156,7 +163,8 @@ class TightModel:
         n = self.n
         t_f, i_f, k_f = self.free.T
         # The exact free: k computed, i not kept, no later reader of i computed in the stage.
-        last_reader = np.full((n, n), -1)  # (t, i): last computation in stage t reading i (or i itself)
+        # (t, i): last computation in stage t reading i (or i itself)
+        last_reader = np.full((n, n), -1)
         for t in range(n):
             for k in np.flatnonzero(R[t]):
                 last_reader[t, k] = max(last_reader[t, k], k)
@@ -181,19 +189,24 @@ class TightModel:
         return x
 
 
-def build_tight_milp(graph: ComputeGraph, budget: float, *, integer: bool = True, useful_rows: bool = False
-                     ) -> TightModel:
+def build_tight_milp(
+    graph: ComputeGraph, budget: float, *, integer: bool = True, useful_rows: bool = False
+) -> TightModel:
     """Builds the model of the module docstring (``integer=False``: its LP relaxation)."""
     n = graph.n
     scale = max(1, max(graph.ram))
     ram = np.asarray(graph.ram, dtype=float) / scale
     budget_scaled = budget / scale
     last = liveness(graph)
-    tt, ii = np.nonzero(np.tril(np.ones((n, n), dtype=bool)) & (np.arange(n)[:, None] <= last[None, :]))
+    tt, ii = np.nonzero(
+        np.tril(np.ones((n, n), dtype=bool)) & (np.arange(n)[:, None] <= last[None, :])
+    )
     r_idx = np.full((n, n), -1, dtype=np.int64)
     r_idx[tt, ii] = np.arange(len(tt))
     n_r = len(tt)
-    live_s = (np.arange(n)[:, None] > np.arange(n)[None, :]) & (np.arange(n)[:, None] <= last[None, :])
+    live_s = (np.arange(n)[:, None] > np.arange(n)[None, :]) & (
+        np.arange(n)[:, None] <= last[None, :]
+    )
     st, si = np.nonzero(live_s)
     s_idx = np.full((n, n), -1, dtype=np.int64)
     s_idx[st, si] = n_r + np.arange(len(st))
@@ -216,7 +229,7 @@ def build_tight_milp(graph: ComputeGraph, budget: float, *, integer: bool = True
     # Dependencies: R[t, k] - R[t, i] - S[t, i] <= 0 for edges (i, k) with R[t, k] live.
     dt, de = [], []
     edges = np.asarray(graph.edges, dtype=np.int64).reshape(-1, 2)
-    for e, (i, k) in enumerate(edges):
+    for e, (_, k) in enumerate(edges.tolist()):
         ts = np.arange(k, last[k] + 1)
         dt.append(ts)
         de.append(np.full(len(ts), e))
@@ -230,7 +243,8 @@ def build_tight_milp(graph: ComputeGraph, budget: float, *, integer: bool = True
     row = rows.new(len(st), -np.inf, 1.0)
     rows.add(row, r_idx[st, si], 1.0)
     rows.add(row, s_idx[st, si], 1.0)
-    # Keep or free once: S[t+1, i] + sum_k FREE[t, (i, k)] - R[t, i] - S[t, i] <= 0, for live R[t, i].
+    # Keep or free once: S[t+1, i] + sum_k FREE[t, (i, k)] - R[t, i] - S[t, i] <= 0,
+    # for live R[t, i].
     pair_row = np.full((n, n), -1, dtype=np.int64)
     row = rows.new(len(tt), -np.inf, 0.0)
     pair_row[tt, ii] = row
@@ -265,7 +279,8 @@ def build_tight_milp(graph: ComputeGraph, budget: float, *, integer: bool = True
     row = rows.new(count, -np.inf, 1.0)
     if count:
         rows.add(row[np.concatenate(rr)], np.concatenate(cc), 1.0)
-    # Memory: U[t, k0] = ram S[t] + ram_k0 R[t, k0]; U[t, k'] = U[t, k] + ram_k' R[t, k'] - frees after k.
+    # Memory: U[t, k0] = ram S[t] + ram_k0 R[t, k0];
+    # U[t, k'] = U[t, k] + ram_k' R[t, k'] - frees after k.
     row = rows.new(n, 0.0, 0.0)
     first_k = np.asarray([np.flatnonzero(u_idx[t] >= 0)[0] for t in range(n)])
     rows.add(row, u_idx[np.arange(n), first_k], 1.0)
@@ -280,13 +295,14 @@ def build_tight_milp(graph: ComputeGraph, budget: float, *, integer: bool = True
     rows.add(row, r_idx[pt, qk], -ram[qk])
     step_row = np.full((n, n), -1, dtype=np.int64)
     step_row[pt, pk] = row
-    has = step_row[free[:, 0], free[:, 2]] >= 0  # frees after the stage's last position do not matter
+    # Frees after the stage's last position do not matter.
+    has = step_row[free[:, 0], free[:, 2]] >= 0
     rows.add(step_row[free[:, 0], free[:, 2]][has], f_cols[has], ram[free[:, 1]][has])
     if useful_rows:
         # A computed or kept value is read in the stage or kept further (i < t).
         rr, cc, vv = [], [], []
         row = rows.new(len(st), -np.inf, 0.0)
-        for r, t, i in zip(row.tolist(), st.tolist(), si.tolist()):
+        for r, t, i in zip(row.tolist(), st.tolist(), si.tolist(), strict=True):
             cols = [r_idx[t, i], s_idx[t, i]]
             vals = [1.0, 1.0]
             for j in graph.succs[i]:
@@ -310,8 +326,10 @@ def build_tight_milp(graph: ComputeGraph, budget: float, *, integer: bool = True
     var_ub[u_off:f_off] = budget_scaled
     is_int = np.zeros(n_vars, dtype=bool)
     is_int[:u_off] = integer
-    return TightModel(c, A, row_lb, row_ub, var_lb, var_ub, is_int, r_idx, s_idx, u_idx, free, f_off, ram,
-                      budget_scaled)
+    return TightModel(
+        c, A, row_lb, row_ub, var_lb, var_ub, is_int, r_idx, s_idx, u_idx, free, f_off, ram,
+        budget_scaled,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -325,8 +343,16 @@ class HighsOutcome:
     wall_s: float
 
 
-def _highs(model: TightModel, *, time_limit_s: float | None, relative_gap: float, start: np.ndarray | None,
-           integral_costs: bool, options: dict | None = None, log: bool = False) -> HighsOutcome:
+def _highs(
+    model: TightModel,
+    *,
+    time_limit_s: float | None,
+    relative_gap: float,
+    start: np.ndarray | None,
+    integral_costs: bool,
+    options: dict | None = None,
+    log: bool = False,
+) -> HighsOutcome:
     import highspy
 
     h = highspy.Highs()
@@ -341,8 +367,8 @@ def _highs(model: TightModel, *, time_limit_s: float | None, relative_gap: float
         h.setOptionValue(key, value)
     A = model.A.tocsc()
     lp = highspy.HighsLp()
-    lp.num_col_ = A.shape[1]
-    lp.num_row_ = A.shape[0]
+    lp.num_col_ = A.shape[1]  # pyright: ignore[reportOptionalSubscript]
+    lp.num_row_ = A.shape[0]  # pyright: ignore[reportOptionalSubscript]
     lp.col_cost_ = model.c
     lp.col_lower_ = model.var_lb
     lp.col_upper_ = model.var_ub
@@ -351,7 +377,7 @@ def _highs(model: TightModel, *, time_limit_s: float | None, relative_gap: float
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = A.indptr.astype(np.int32)
     lp.a_matrix_.index_ = A.indices.astype(np.int32)
-    lp.a_matrix_.value_ = A.data
+    lp.a_matrix_.value_ = np.asarray(A.data, dtype=np.float64)
     if model.integer.any():
         lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
                            for b in model.integer]
@@ -375,8 +401,15 @@ def _highs(model: TightModel, *, time_limit_s: float | None, relative_gap: float
     return HighsOutcome(x, objective, bound, status, wall_s)
 
 
-def _candidates(graph: ComputeGraph, budget: float, lp_x: np.ndarray | None, model: TightModel | None,
-                use_policy: bool, n_samples: int, seed: int) -> list[tuple[str, Schedule]]:
+def _candidates(
+    graph: ComputeGraph,
+    budget: float,
+    lp_x: np.ndarray | None,
+    model: TightModel | None,
+    use_policy: bool,
+    n_samples: int,
+    seed: int,
+) -> list[tuple[str, Schedule]]:
     from autoremat_solvers import policy_schedule
     from autoremat_solvers.baselines import BASELINES
 
@@ -442,18 +475,31 @@ def solve(
         return SolverResult.below_floor(time.perf_counter() - t_start)
     integral_costs = all(float(c).is_integer() for c in graph.cost)
     model = build_tight_milp(graph, budget, useful_rows=useful_rows)
-    info.update(n_vars=len(model.c), n_int=int(model.integer.sum()), n_rows=model.A.shape[0], nnz=model.A.nnz,
-                build_s=time.perf_counter() - t_start)
+    info.update(
+        n_vars=len(model.c),
+        n_int=int(model.integer.sum()),
+        n_rows=model.A.shape[0],  # pyright: ignore[reportOptionalSubscript]
+        nnz=model.A.nnz,
+        build_s=time.perf_counter() - t_start,
+    )
     deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
     lp_x = None
     lower = -math.inf
     if lp_rounding:
         lp_model = dataclasses.replace(model, integer=np.zeros_like(model.integer))
-        lp = _highs(lp_model, time_limit_s=time_limit_s, relative_gap=0.0, start=None, integral_costs=False,
-                    log=log)
+        lp = _highs(
+            lp_model,
+            time_limit_s=time_limit_s,
+            relative_gap=0.0,
+            start=None,
+            integral_costs=False,
+            log=log,
+        )
         info.update(lp_s=lp.wall_s, lp_bound=lp.objective, lp_status=lp.status)
         if lp.status == "Infeasible":
-            return SolverResult(None, Status.INFEASIBLE, math.inf, math.inf, time.perf_counter() - t_start)
+            return SolverResult(
+                None, Status.INFEASIBLE, math.inf, math.inf, time.perf_counter() - t_start
+            )
         if lp.x is not None:
             lp_x = lp.x
             lower = lp.objective
@@ -470,13 +516,23 @@ def solve(
             x = model.start_vector(graph, canon)
             if x is not None:
                 best = (cost, name, canon, x)
-    info.update(heuristics_s=time.perf_counter() - t_heur, start_source=None if best is None else best[1],
-                start_cost=None if best is None else best[0])
+    info.update(
+        heuristics_s=time.perf_counter() - t_heur,
+        start_source=None if best is None else best[1],
+        start_cost=None if best is None else best[0],
+    )
     if best is not None and integral_costs and lower > -math.inf and best[0] - lower < 1.0 - 1e-6:
         return SolverResult(best[2], Status.OPTIMAL, best[0], lower, time.perf_counter() - t_start)
     remaining = None if deadline is None else deadline - time.perf_counter()
-    res = _highs(model, time_limit_s=remaining, relative_gap=relative_gap, start=None if best is None else best[3],
-                 integral_costs=integral_costs, options=highs_options, log=log)
+    res = _highs(
+        model,
+        time_limit_s=remaining,
+        relative_gap=relative_gap,
+        start=None if best is None else best[3],
+        integral_costs=integral_costs,
+        options=highs_options,
+        log=log,
+    )
     info.update(milp_s=res.wall_s, milp_status=res.status, milp_bound=res.bound)
     wall_s = time.perf_counter() - t_start
     if res.status == "Infeasible":
@@ -485,6 +541,7 @@ def solve(
     if res.x is not None:
         R, S = model.matrices(res.x)
         schedule = canonical_schedule(graph, Schedule(R > 0.5, S > 0.5))
+        assert schedule is not None, "the MILP's solutions are in the model's form"
         cost = simulate(graph, schedule, budget).cost
     if best is not None and best[0] < cost:
         schedule, cost = best[2], best[0]
@@ -493,4 +550,6 @@ def solve(
     bound = min(max(lower, res.bound), cost)
     optimal = res.status == "Optimal" or cost - bound <= relative_gap * abs(cost) or (
         integral_costs and cost - bound < 1.0 - 1e-6)
-    return SolverResult(schedule, Status.OPTIMAL if optimal else Status.FEASIBLE, cost, bound, wall_s)
+    return SolverResult(
+        schedule, Status.OPTIMAL if optimal else Status.FEASIBLE, cost, bound, wall_s
+    )

@@ -15,7 +15,12 @@ import os
 import networkx as nx
 import numpy as np
 
-__all__ = ["ComputeGraph", "chain_training_graph", "load_graph_json", "random_layered_training_graph"]
+__all__ = [
+    "ComputeGraph",
+    "chain_training_graph",
+    "load_graph_json",
+    "random_layered_training_graph",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +90,13 @@ class ComputeGraph:
         return max(self.ram[v] + sum(self.ram[p] for p in self.preds[v]) for v in range(self.n))
 
     @classmethod
-    def from_networkx(cls, g: nx.DiGraph, *, cost: str, ram: str, order: list | None = None) -> ComputeGraph:
-        """Relabels ``g`` to ``0..n-1`` along ``order`` (default: lexicographic topological order)."""
+    def from_networkx(
+        cls, g: nx.DiGraph, *, cost: str, ram: str, order: list | None = None
+    ) -> ComputeGraph:
+        """Relabels ``g`` to ``0..n-1`` along ``order``.
+
+        ``order`` defaults to the lexicographic topological order.
+        """
         if order is None:
             order = list(nx.lexicographical_topological_sort(g))
         index = {node: i for i, node in enumerate(order)}
@@ -96,7 +106,7 @@ class ComputeGraph:
             ram=tuple(int(d[ram]) for d in data),
             preds=tuple(tuple(sorted(index[p] for p in g.predecessors(node))) for node in order),
             backward=tuple(bool(d.get("backward", False)) for d in data),
-            names=tuple(str(d.get("name", node)) for node, d in zip(order, data)),
+            names=tuple(str(d.get("name", node)) for node, d in zip(order, data, strict=True)),
         )
 
 
@@ -131,7 +141,9 @@ def load_graph_json(path: str | os.PathLike) -> ComputeGraph:
         data = json.load(f)
     if data["links"] and "source" not in data["links"][0]:
         g = nx.node_link_graph(data, edges="links", source="0", target="1")
-        return ComputeGraph.from_networkx(g, cost="duration", ram="out_cost", order=data["graph"].get("order"))
+        return ComputeGraph.from_networkx(
+            g, cost="duration", ram="out_cost", order=data["graph"].get("order")
+        )
     g = nx.node_link_graph(data, edges="links")
     return ComputeGraph.from_networkx(g, cost="cost_cpu", ram="cost_ram")
 
@@ -161,7 +173,9 @@ def _with_backward(fwd_preds: list[list[int]], cost: np.ndarray, ram: np.ndarray
         ram=tuple(fwd_ram + [1] + [fwd_ram[v] for v in reversed(range(m))]),
         preds=tuple(preds),
         backward=tuple([False] * m + [True] * (m + 1)),
-        names=tuple([f"f{v}" for v in range(m)] + ["loss"] + [f"f{v}_grad" for v in reversed(range(m))]),
+        names=tuple(
+            [f"f{v}" for v in range(m)] + ["loss"] + [f"f{v}_grad" for v in reversed(range(m))]
+        ),
     )
 
 
@@ -181,7 +195,9 @@ def chain_training_graph(m: int, *, cost: float = 1.0, ram: int = 100) -> Comput
       >>> ars.chain_training_graph(4).n
       9
     """
-    return _with_backward([[v - 1] if v else [] for v in range(m)], np.full(m, cost), np.full(m, ram))
+    return _with_backward(
+        [[v - 1] if v else [] for v in range(m)], np.full(m, cost), np.full(m, ram)
+    )
 
 
 def random_layered_training_graph(
@@ -225,4 +241,6 @@ def random_layered_training_graph(
             nodes.append(v)
         layers.append(nodes)
     m = len(fwd_preds)
-    return _with_backward(fwd_preds, rng.integers(1, 11, m).astype(float), rng.integers(1, 11, m) * 100)
+    return _with_backward(
+        fwd_preds, rng.integers(1, 11, m).astype(float), rng.integers(1, 11, m) * 100
+    )

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import Any
 
 import numpy as np
 from autoremat_ilp import Status
@@ -51,7 +52,10 @@ __all__ = ["IntervalModel", "Quantization", "build_interval_model", "solve"]
 
 @dataclasses.dataclass(frozen=True)
 class Quantization:
-    """Integer costs and sizes: ``ram_units[v] * mem_unit >= ram[v]``, ``cost_units[v] <= cost[v] * cost_scale``."""
+    """Integer costs and sizes.
+
+    ``ram_units[v] * mem_unit >= ram[v]`` and ``cost_units[v] <= cost[v] * cost_scale``.
+    """
 
     mem_unit: int
     ram_units: tuple[int, ...]
@@ -60,7 +64,9 @@ class Quantization:
     cost_units: tuple[int, ...]
 
     @classmethod
-    def of(cls, graph: ComputeGraph, budget: float, mem_resolution: int, cost_resolution: int) -> Quantization:
+    def of(
+        cls, graph: ComputeGraph, budget: float, mem_resolution: int, cost_resolution: int
+    ) -> Quantization:
         """Quantizes memory up and costs down (see the module docstring)."""
         mem_unit = max(1, math.gcd(*graph.ram), max(graph.ram) // mem_resolution)
         cost_scale = cost_resolution / max(max(graph.cost), 1e-12)
@@ -81,12 +87,17 @@ class IntervalModel:
     start: dict[tuple[int, int], cp_model.IntVar]
     end: dict[tuple[int, int], cp_model.IntVar]  # one past the slot of the last reader
     present: dict[tuple[int, int], cp_model.IntVar]
-    reads: dict[tuple[int, int, int, int], cp_model.IntVar]  # (u, cu, v, cv): copy cv of v reads copy cu of u
+    # (u, cu, v, cv): copy cv of v reads copy cu of u
+    reads: dict[tuple[int, int, int, int], cp_model.IntVar]
     quantization: Quantization
 
     def sequence(self, solver: cp_model.CpSolver) -> list[int]:
         """The solution's computations in time order."""
-        slots = sorted((solver.Value(s), v) for (v, c), s in self.start.items() if solver.BooleanValue(self.present[v, c]))
+        slots = sorted(
+            (solver.Value(s), v)
+            for (v, c), s in self.start.items()
+            if solver.BooleanValue(self.present[v, c])
+        )
         return [v for _, v in slots]
 
     def add_hint(self, graph: ComputeGraph, sequence: list[int]) -> None:
@@ -108,14 +119,15 @@ class IntervalModel:
                 chosen.add((*key, v, c))
             current[v] = c
         used = {key: slot for slot, key in enumerate(at)}
+        model: Any = self.model  # the CamelCase API is not in ortools' type stubs
         for key in self.start:
             if key[1] > 0:  # first computations are always present (a shared constant)
-                self.model.AddHint(self.present[key], key in used)
+                model.AddHint(self.present[key], key in used)
             if key in used:
-                self.model.AddHint(self.start[key], used[key])
-                self.model.AddHint(self.end[key], last_read[key] + 1)
+                model.AddHint(self.start[key], used[key])
+                model.AddHint(self.end[key], last_read[key] + 1)
         for key, var in self.reads.items():
-            self.model.AddHint(var, key in chosen)
+            model.AddHint(var, key in chosen)
 
 
 def build_interval_model(
@@ -126,7 +138,7 @@ def build_interval_model(
     q = Quantization.of(graph, budget, mem_resolution, cost_resolution)
     n_copies = [max_copies if graph.succs[v] else 1 for v in range(graph.n)]
     horizon = sum(n_copies)
-    m = cp_model.CpModel()
+    m: Any = cp_model.CpModel()  # the CamelCase API is not in ortools' type stubs
     start, end, present, reads = {}, {}, {}, {}
     unit_intervals, intervals, demands = [], [], []
     for v in range(graph.n):
@@ -221,7 +233,11 @@ def solve(
     if budget < graph.memory_floor():
         return SolverResult.below_floor(time.perf_counter() - start_time)
     im = build_interval_model(
-        graph, budget, max_copies=max_copies, mem_resolution=mem_resolution, cost_resolution=cost_resolution
+        graph,
+        budget,
+        max_copies=max_copies,
+        mem_resolution=mem_resolution,
+        cost_resolution=cost_resolution,
     )
     hint = _best_baseline(graph, budget)
     if hint is not None:
@@ -237,4 +253,6 @@ def solve(
     sequence = im.sequence(solver)
     bound = solver.BestObjectiveBound() / im.quantization.cost_scale
     cost = float(np.sum(np.asarray(graph.cost)[sequence]))
-    return SolverResult(schedule_from_sequence(graph, sequence), _STATUS[code], cost, min(bound, cost), wall_s)
+    return SolverResult(
+        schedule_from_sequence(graph, sequence), _STATUS[code], cost, min(bound, cost), wall_s
+    )

@@ -4,12 +4,13 @@ Checkmate-style graph.
 It shows what planning at the level of a ``jax.checkpoint`` policy costs compared with a
 full schedule. The forward nodes, in topological order, are cut into ``ceil(sqrt(m))``
 regions of consecutive nodes (one ``jax.checkpoint`` per block, as with
-``scan(checkpoint(layer))``); the plan's policy picks which forward values to save, the others that
-the backward reads are recomputed within their region, and values read by another
-region's forward nodes must be saved. (One region around the whole forward pass would
-recompute all unsaved values at once and fit no budget below the checkpoint-all peak.) The plan becomes a schedule in which saved values are
-kept, every missing value is recomputed on demand and then kept until its last use (the
-checkpoint policy of :mod:`autoremat_solvers.baselines`, with the plan's saved set).
+``scan(checkpoint(layer))``); the plan's policy picks which forward values to save, the
+others that the backward reads are recomputed within their region, and values read by
+another region's forward nodes must be saved. (One region around the whole forward pass
+would recompute all unsaved values at once and fit no budget below the checkpoint-all
+peak.) The plan becomes a schedule in which saved values are kept, every missing value is
+recomputed on demand and then kept until its last use (the checkpoint policy of
+:mod:`autoremat_solvers.baselines`, with the plan's saved set).
 
 The ILP's memory model is coarse (saved plus recomputed bytes, no time dimension), so
 its budget is searched by bisection: the largest ILP budget whose schedule the
@@ -35,13 +36,20 @@ __all__ = ["blockwise_problem", "solve"]
 
 
 def blockwise_problem(graph: ComputeGraph) -> tuple[ilp.Problem, list[int]]:
-    """The blockwise problem over the forward nodes, and those nodes (value ``i`` is node ``fwd[i]``)."""
+    """The blockwise problem over the forward nodes, and those nodes.
+
+    Value ``i`` of the problem is node ``fwd[i]``.
+    """
     fwd = [v for v in range(graph.n) if not graph.backward[v]]
     n = len(fwd)
     index = {v: i for i, v in enumerate(fwd)}
     region = np.arange(n) // max(1, math.isqrt(n - 1) + 1)
-    edges = np.asarray([(index[u], index[v]) for u, v in graph.edges if v in index], dtype=np.int64).reshape(-1, 2)
-    read_by_backward = np.asarray([any(graph.backward[s] for s in graph.succs[v]) for v in fwd], dtype=bool)
+    edges = np.asarray(
+        [(index[u], index[v]) for u, v in graph.edges if v in index], dtype=np.int64
+    ).reshape(-1, 2)
+    read_by_backward = np.asarray(
+        [any(graph.backward[s] for s in graph.succs[v]) for v in fwd], dtype=bool
+    )
     read_by_other_region = np.zeros(n, dtype=bool)
     read_by_other_region[edges[region[edges[:, 0]] != region[edges[:, 1]], 0]] = True
     n_regions = int(region.max(initial=0)) + 1
@@ -66,7 +74,9 @@ def blockwise_problem(graph: ComputeGraph) -> tuple[ilp.Problem, list[int]]:
 def solve(
     graph: ComputeGraph, budget: float, time_limit_s: float | None = None, *, n_bisections: int = 8
 ) -> SolverResult:
-    """The cheapest schedule of a checkpoint-policy plan that fits ``budget`` (see the module docstring).
+    """The cheapest schedule of a checkpoint-policy plan that fits ``budget``.
+
+    See the module docstring.
 
     Args:
       graph: the graph.

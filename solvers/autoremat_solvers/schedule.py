@@ -95,7 +95,9 @@ def simulate(graph: ComputeGraph, schedule: Schedule, budget: float) -> SimResul
     """
     R, S = schedule.R, schedule.S
     if R.shape[1] != graph.n:
-        return SimResult(float("nan"), 0, False, (f"schedule has {R.shape[1]} nodes, graph {graph.n}",))
+        return SimResult(
+            float("nan"), 0, False, (f"schedule has {R.shape[1]} nodes, graph {graph.n}",)
+        )
     T = R.shape[0]
     violations: list[str] = []
     resident: set[int] = set()  # values in memory at the end of the previous stage
@@ -106,7 +108,9 @@ def simulate(graph: ComputeGraph, schedule: Schedule, budget: float) -> SimResul
         keep_next = set(np.flatnonzero(S[t + 1]).tolist()) if t + 1 < T else set()
         order = np.flatnonzero(R[t]).tolist()
         kept = set(np.flatnonzero(S[t]).tolist())
-        violations += [f"stage {t}: keeps value {v}, which is not in memory" for v in sorted(kept - resident)]
+        violations += [
+            f"stage {t}: keeps value {v}, which is not in memory" for v in sorted(kept - resident)
+        ]
         live = kept & resident
         last_use = {v: -1 for v in live}
         for k in order:
@@ -123,7 +127,9 @@ def simulate(graph: ComputeGraph, schedule: Schedule, budget: float) -> SimResul
             during = mem + graph.ram[k]
             peak = max(peak, during)
             if during > budget:
-                violations.append(f"stage {t}: computing {k} needs {during} bytes > budget {budget:.0f}")
+                violations.append(
+                    f"stage {t}: computing {k} needs {during} bytes > budget {budget:.0f}"
+                )
             if k not in live:
                 live.add(k)
                 mem += graph.ram[k]

@@ -78,8 +78,10 @@ def _plan_columns(model, problem, save, recompute, offload):
     x, unit = model.variables, memory_unit(problem)
     cols = np.zeros(len(model.milp.c))
     cols[x.save], cols[x.recompute] = save, recompute
-    held = lambda mask: np.bincount(problem.region, problem.held * mask,
-                                    problem.num_regions) / unit
+
+    def held(mask):
+        return np.bincount(problem.region, problem.held * mask, problem.num_regions) / unit
+
     cols[x.held] = held(save)
     if x.offload is not None:
         cols[x.offload] = offload

@@ -1,4 +1,7 @@
-"""The tight Checkmate MILP (highspy, warm start): same optimum as the plain MILP, valid schedules."""
+"""The tight Checkmate MILP (highspy, warm start).
+
+Same optimum as the plain MILP, valid schedules.
+"""
 
 import math
 
@@ -47,7 +50,9 @@ def test_same_optimum_as_plain_milp(g, frac):
         assert res.lower_bound <= sim.cost + 1e-6
 
 
-@pytest.mark.parametrize("g", [chain_training_graph(6), random_layered_training_graph(5, 3, seed=3)])
+@pytest.mark.parametrize(
+    "g", [chain_training_graph(6), random_layered_training_graph(5, 3, seed=3)]
+)
 def test_heuristic_schedules_are_feasible_starts(g):
     """Every fitting baseline schedule maps to a point satisfying all rows of the model."""
     budget = _budget(g, 1.0)
@@ -72,8 +77,13 @@ def test_heuristic_schedules_are_feasible_starts(g):
 
 def test_liveness_fixes_out_dead_pairs():
     # 0 -> 1 (an output) and 0 -> 2: nothing after stage 1 can use node 1.
-    g = ComputeGraph(cost=(1.0, 1.0, 1.0), ram=(1, 1, 1), preds=((), (0,), (0,)), backward=(False,) * 3,
-                     names=("a", "b", "c"))
+    g = ComputeGraph(
+        cost=(1.0, 1.0, 1.0),
+        ram=(1, 1, 1),
+        preds=((), (0,), (0,)),
+        backward=(False,) * 3,
+        names=("a", "b", "c"),
+    )
     assert checkmate_tight.liveness(g).tolist() == [2, 1, 2]
     model = checkmate_tight.build_tight_milp(g, 3)
     assert model.r_idx[2, 1] < 0 and model.s_idx[2, 1] < 0 and model.r_idx[2, 0] >= 0

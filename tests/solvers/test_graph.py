@@ -34,7 +34,9 @@ def test_random_layered_is_topological_and_deterministic():
 
 def test_rejects_non_topological_preds():
     with pytest.raises(ValueError):
-        ComputeGraph(cost=(1.0, 1.0), ram=(1, 1), preds=((1,), ()), backward=(False, False), names=("a", "b"))
+        ComputeGraph(
+            cost=(1.0, 1.0), ram=(1, 1), preds=((1,), ()), backward=(False, False), names=("a", "b")
+        )
 
 
 def test_load_checkmate_format(tmp_path):
@@ -54,8 +56,11 @@ def test_load_random_layered_format(tmp_path):
         "directed": True,
         "multigraph": False,
         "graph": {"order": [0, 2, 1]},
-        "nodes": [{"name": 0, "out_cost": 5, "duration": 0}, {"name": 1, "out_cost": 6, "duration": 2},
-                  {"name": 2, "out_cost": 7, "duration": 3}],
+        "nodes": [
+            {"name": 0, "out_cost": 5, "duration": 0},
+            {"name": 1, "out_cost": 6, "duration": 2},
+            {"name": 2, "out_cost": 7, "duration": 3},
+        ],
         "links": [{"0": 0, "1": 2}, {"0": 2, "1": 1}],
     }
     path = tmp_path / "r.json"

@@ -41,7 +41,8 @@ def test_matches_milp_optimum_and_passes_simulator(g, frac):
     assert milp.status is Status.OPTIMAL and res.status is Status.OPTIMAL
     sim = simulate(g, res.schedule, budget)
     assert sim.ok, sim.violations
-    assert sim.cost == res.claimed_cost == milp.claimed_cost  # integer costs: quantization is exact here
+    # Integer costs: quantization is exact here.
+    assert sim.cost == res.claimed_cost == milp.claimed_cost
     assert res.lower_bound <= sim.cost
 
 
@@ -53,11 +54,16 @@ def test_below_floor_is_infeasible():
 
 def test_memory_quantized_up_still_fits():
     # Sizes with no useful common divisor: 1 byte of resolution per 50 -> lossy units.
-    g = ComputeGraph(cost=(1.0, 3.0, 1.0, 1.0), ram=(101, 57, 203, 99), preds=((), (0,), (1,), (0, 2)),
-                     backward=(False,) * 4, names=tuple("abcd"))
+    g = ComputeGraph(
+        cost=(1.0, 3.0, 1.0, 1.0),
+        ram=(101, 57, 203, 99),
+        preds=((), (0,), (1,), (0, 2)),
+        backward=(False,) * 4,
+        names=tuple("abcd"),
+    )
     q = Quantization.of(g, 400, mem_resolution=4, cost_resolution=10)
     assert q.mem_unit == 50 and q.ram_units == (3, 2, 5, 2) and q.capacity == 8
-    assert all(u * q.mem_unit >= r for u, r in zip(q.ram_units, g.ram))
+    assert all(u * q.mem_unit >= r for u, r in zip(q.ram_units, g.ram, strict=True))
     for budget in (400, 420):
         res = moccasin_cpsat.solve(g, budget, TIME_LIMIT_S, mem_resolution=4)
         if res.schedule is not None:

@@ -6,7 +6,13 @@ from autoremat_solvers import Schedule, chain_training_graph, simulate
 from autoremat_solvers.graph import ComputeGraph
 
 # 0 -> 1 -> 2, each value 10 bytes, costs 1, 2, 4.
-LINE = ComputeGraph(cost=(1.0, 2.0, 4.0), ram=(10, 10, 10), preds=((), (0,), (1,)), backward=(False,) * 3, names=("a", "b", "c"))
+LINE = ComputeGraph(
+    cost=(1.0, 2.0, 4.0),
+    ram=(10, 10, 10),
+    preds=((), (0,), (1,)),
+    backward=(False,) * 3,
+    names=("a", "b", "c"),
+)
 
 
 def _schedule(R, S):

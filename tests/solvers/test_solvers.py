@@ -87,8 +87,15 @@ def test_below_floor_is_rejected(solver):
 
 def test_chain_baseline_memory_ordering():
     g = chain_training_graph(16)
-    peaks = {s: simulate(g, SOLVERS[s](g, math.inf).schedule, math.inf) for s in ("checkpoint_all", "chen_sqrtn", "griewank_logn")}
-    assert peaks["griewank_logn"].peak_ram < peaks["chen_sqrtn"].peak_ram < peaks["checkpoint_all"].peak_ram
+    peaks = {
+        s: simulate(g, SOLVERS[s](g, math.inf).schedule, math.inf)
+        for s in ("checkpoint_all", "chen_sqrtn", "griewank_logn")
+    }
+    assert (
+        peaks["griewank_logn"].peak_ram
+        < peaks["chen_sqrtn"].peak_ram
+        < peaks["checkpoint_all"].peak_ram
+    )
     assert peaks["checkpoint_all"].cost < peaks["chen_sqrtn"].cost < peaks["griewank_logn"].cost
 
 
@@ -100,4 +107,5 @@ def test_shared_vgg16_milp_at_90_percent():
     assert res.status is Status.OPTIMAL
     sim = simulate(g, res.schedule, budget)
     assert sim.ok and sim.cost == res.claimed_cost < SOLVERS["chen_greedy"](g, budget).claimed_cost
-    assert SOLVERS["checkmate_milp"](g, 0.8 * _peak_all(g)).status is Status.INFEASIBLE  # below floor
+    # Below the floor.
+    assert SOLVERS["checkmate_milp"](g, 0.8 * _peak_all(g)).status is Status.INFEASIBLE
