@@ -27,7 +27,8 @@ class SolverResult:
     Example:
       >>> import autoremat_solvers as ars
       >>> graph = ars.chain_training_graph(4)
-      >>> result = ars.SOLVERS["checkmate_milp"](graph, 1000, 10.0)
+      >>> solve = ars.SOLVERS.get("checkmate_milp")
+      >>> result = solve(graph, 1000, 10.0)
       >>> result.status.value, result.claimed_cost >= result.lower_bound
       ('optimal', True)
     """

@@ -59,7 +59,8 @@ class SimResult:
     Example:
       >>> import autoremat_solvers as ars
       >>> graph = ars.chain_training_graph(4)
-      >>> result = ars.SOLVERS["checkmate_milp"](graph, 1000, 10.0)
+      >>> solve = ars.SOLVERS.get("checkmate_milp")
+      >>> result = solve(graph, 1000, 10.0)
       >>> ars.simulate(graph, result.schedule, 1000).ok
       True
     """
@@ -89,7 +90,8 @@ def simulate(graph: ComputeGraph, schedule: Schedule, budget: float) -> SimResul
     Example:
       >>> import autoremat_solvers as ars
       >>> graph = ars.chain_training_graph(4)
-      >>> result = ars.SOLVERS["checkmate_milp"](graph, 1000, 10.0)
+      >>> solve = ars.SOLVERS.get("checkmate_milp")
+      >>> result = solve(graph, 1000, 10.0)
       >>> ars.simulate(graph, result.schedule, 1000).cost == result.claimed_cost
       True
     """
