@@ -77,7 +77,17 @@ def _proven() -> list[tuple[str, str, str]]:
                          ids=[_key(*c) for c in _proven()])
 def test_plan_unchanged(model, budget, option):
     expected = json.loads(GOLDEN.read_text())[_key(model, budget, option)]
-    assert digest(model, budget, option) == expected
+    got = digest(model, budget, option)
+    if got != expected:
+        # HiGHS proves optimality within a relative gap of 1e-4, and which of the plans
+        # within it it returns depends on the time limit it is given (the time planning
+        # has left: gpt2-small-tiny at two thirds gives 126980 recompute FLOPs with the
+        # default limit, 126976 with 600 s, on the code before the redesign too). Another
+        # proven plan within the gap, at the same placement, is the same answer.
+        assert got["placement"] == expected["placement"]
+        assert got["status"] == expected["status"] == "optimal"
+        assert abs(got["recompute_flops"] - expected["recompute_flops"]) <= max(
+            1, 1e-4 * expected["recompute_flops"])
 
 
 def test_most_cases_are_proven():
