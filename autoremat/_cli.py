@@ -144,10 +144,10 @@ def _progress(label: str, stream: TextIO | None = None, show: bool | None = None
     the stream. Tracing runs in Python and the solver releases the GIL, so the spinner
     keeps turning through both.
     """
-    stream = stream or click.get_text_stream("stderr")
-    if show is False or not stream.isatty():
-        click.echo(f"{label} ...", file=stream)
-        yield _progress_lines(stream) if show else None
+    out: TextIO = sys.stderr if stream is None else stream
+    if show is False or not out.isatty():
+        click.echo(f"{label} ...", file=out)
+        yield _progress_lines(out) if show else None
         return
     spinner = rich.spinner.Spinner("dots")
     start = time.perf_counter()
@@ -165,7 +165,7 @@ def _progress(label: str, stream: TextIO | None = None, show: bool | None = None
         nonlocal figures
         figures = _figures(best, bound)
 
-    console = rich.console.Console(file=stream, force_terminal=True)
+    console = rich.console.Console(file=out, force_terminal=True)
     with rich.live.Live(get_renderable=line, console=console, transient=True,
                         redirect_stdout=False):
         yield report
