@@ -71,19 +71,6 @@ def stage_bytes(problem: Problem, save: np.ndarray, recompute: np.ndarray,
     Returns:
       ``2R`` Python integers (an object array): each region's backward stage, then each
       region's forward stage, in region order.
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> save, recompute = np.array([True, False]), np.array([False, True])
-      >>> ilp.stage_bytes(problem, save, recompute).tolist()  # backward 0, 1; forward 0, 1
-      [10, 20, 5, 15]
     """
     trans = _by_region(problem, recompute.astype(bool), problem.transient)
     offloaded = _offload_mask(problem, offload)
@@ -145,19 +132,6 @@ def evaluate(problem: Problem, save: np.ndarray, recompute: np.ndarray,
     Returns:
       ``(cost, peak)``: the recompute cost plus the offload cost, and the largest of
       :func:`stage_bytes` (bytes).
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> save, recompute = np.array([True, False]), np.array([False, True])
-      >>> ilp.evaluate(problem, save, recompute)
-      (1.0, 20)
     """
     peak = int(max(stage_bytes(problem, save, recompute, offload), default=0))
     cost = float(problem.cost[recompute.astype(bool)].sum())
@@ -176,18 +150,6 @@ def host_bytes(problem: Problem, offload: np.ndarray | None) -> int:
 
     Returns:
       The total ``held`` bytes of the offloaded values.
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> ilp.host_bytes(problem, None)
-      0
     """
     return int(sum(int(problem.held[v])
                    for v in np.flatnonzero(_offload_mask(problem, offload))))
@@ -205,18 +167,6 @@ def violations(problem: Problem, save: np.ndarray, recompute: np.ndarray,
 
     Returns:
       One message per broken rule, naming values by index (empty when the plan is valid).
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> ilp.violations(problem, np.array([False, False]), np.array([False, True]))
-      ['value 0 is read by the backward pass but neither saved nor recomputed']
     """
     s, r, o = save.astype(bool), recompute.astype(bool), _offload_mask(problem, offload)
     out = []
@@ -258,20 +208,6 @@ def prune(problem: Problem, save: np.ndarray, recompute: np.ndarray,
     Returns:
       ``(save, recompute, offload)``, new boolean masks (``offload`` all ``False`` when
       it was ``None``).
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> save, recompute, offload = ilp.prune(problem, np.array([True, True]),
-      ...                                      np.array([False, True]))
-      >>> recompute.tolist()  # value 1 is saved: recomputing it too is wasted
-      [False, False]
     """
     s = save.astype(bool).copy()
     o = _offload_mask(problem, offload) & ~s

@@ -55,8 +55,9 @@ class Milp:
       ...     c=np.array([-1.0]), A=sp.csr_matrix([[2.0]]), row_lb=np.array([-np.inf]),
       ...     row_ub=np.array([3.0]), var_lb=np.array([0.0]), var_ub=np.array([10.0]),
       ...     integer=np.array([True]))
-      >>> milp.c.shape
-      (1,)
+      >>> r = ilp.solve_milp(milp)  # a MilpResult
+      >>> r.status.value, r.x.tolist(), r.objective, r.bound <= -1.0
+      ('optimal', [1.0], -1.0, True)
     """
 
     c: np.ndarray
@@ -94,15 +95,6 @@ class MilpResult:
       objective: ``c @ x``.
       bound: the solver's lower bound on the optimum.
       wall_s: seconds the solve took.
-
-    Example:
-      >>> import numpy as np, scipy.sparse as sp, autoremat_ilp as ilp
-      >>> milp = ilp.Milp(  # max x, 2x <= 3, x integral
-      ...     c=np.array([-1.0]), A=sp.csr_matrix([[2.0]]), row_lb=np.array([-np.inf]),
-      ...     row_ub=np.array([3.0]), var_lb=np.array([0.0]), var_ub=np.array([10.0]),
-      ...     integer=np.array([True]))
-      >>> ilp.solve_milp(milp).bound <= -1.0
-      True
     """
 
     status: Status
@@ -164,16 +156,6 @@ def solve_milp(
 
     Returns:
       A :class:`MilpResult`; ``x`` is rounded for integer variables.
-
-    Example:
-      >>> import numpy as np, scipy.sparse as sp, autoremat_ilp as ilp
-      >>> milp = ilp.Milp(  # max x, 2x <= 3, x integral
-      ...     c=np.array([-1.0]), A=sp.csr_matrix([[2.0]]), row_lb=np.array([-np.inf]),
-      ...     row_ub=np.array([3.0]), var_lb=np.array([0.0]), var_ub=np.array([10.0]),
-      ...     integer=np.array([True]))
-      >>> r = ilp.solve_milp(milp)
-      >>> r.status.value, r.x.tolist(), r.objective
-      ('optimal', [1.0], -1.0)
     """
     if backend == "HIGHS":
         result = _solve_highspy(milp, time_limit_s, relative_gap, progress)

@@ -116,19 +116,6 @@ class Model:
       variables: the columns of its variables.
       unit: what the MILP's objective is divided by: :func:`cost_unit`, or
         :func:`memory_unit` for the peak.
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> model = ilp.build_model(problem, None)  # no budget: minimize the peak
-      >>> isinstance(model.milp, ilp.Milp)
-      True
     """
 
     milp: Milp
@@ -284,19 +271,6 @@ def build_model(problem: Problem, budget: float | None) -> Model:
 
     Returns:
       A :class:`Model`: the MILP, where its variables are, and its objective's unit.
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> model = ilp.build_model(problem, 15)
-      >>> model.milp.c.shape
-      (7,)
     """
     layout, rows = ColumnLayout(), _Rows()
     x = _variables(problem, layout)

@@ -43,19 +43,6 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
     Returns:
       A :class:`~autoremat_ilp.problem.Solution`, pruned
       (:func:`~autoremat_ilp.memory.prune`) and evaluated exactly.
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> s = ilp.solve(problem, 15)  # saving both would peak at 20
-      >>> s.status.value, s.save.tolist(), s.recompute.tolist(), s.cost
-      ('optimal', [False, True], [True, False], 100.0)
     """
     start = time.perf_counter()
     report = None if progress is None else _running_best(progress, start, cost_unit(problem))
@@ -77,18 +64,6 @@ def solve_min_peak(problem: Problem, *, time_limit_s: float | None = None,
     Returns:
       A :class:`~autoremat_ilp.problem.Solution` whose ``peak`` is the least peak (proven
       when its status is ``OPTIMAL``; ``bound`` is a lower bound on it, in bytes).
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> ilp.solve_min_peak(problem).peak
-      10
     """
     model = build_model(problem, None)
     return _solution(problem, model,

@@ -62,6 +62,24 @@ class Problem:
       ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
       >>> problem.num_values
       2
+      >>> s = ilp.solve(problem, 15)  # a Solution; saving both would peak at 20
+      >>> s.status.value, s.save.tolist(), s.recompute.tolist(), s.cost
+      ('optimal', [False, True], [True, False], 100.0)
+      >>> ilp.solve_min_peak(problem).peak
+      10
+      >>> save, recompute = np.array([True, False]), np.array([False, True])
+      >>> ilp.evaluate(problem, save, recompute)  # (cost, peak)
+      (1.0, 20)
+      >>> ilp.stage_bytes(problem, save, recompute).tolist()  # backward 0, 1; forward 0, 1
+      [10, 20, 5, 15]
+      >>> ilp.violations(problem, np.array([False, False]), recompute)
+      ['value 0 is read by the backward pass but neither saved nor recomputed']
+      >>> ilp.prune(problem, np.array([True, True]), recompute)[1].tolist()  # saved anyway
+      [False, False]
+      >>> ilp.host_bytes(problem, None)
+      0
+      >>> ilp.build_model(problem, 15).milp.c.shape  # the Model's MILP, 7 columns
+      (7,)
     """
 
     cost: np.ndarray
@@ -114,19 +132,6 @@ class Solution:
       gap: the relative gap between the plan's objective and ``bound``.
       wall_s: seconds the solve took.
       offload: the offload mask when the problem allows offload, else ``None``.
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> s = ilp.solve(problem, 20)
-      >>> s.peak <= 20 and s.gap == 0.0
-      True
     """
 
     status: Status
