@@ -179,7 +179,21 @@ def no_remat(graph: Graph, problem: ilp.Problem) -> Decisions:
     """The plan that saves every value the backward pass reads and recomputes nothing
     (only zero-cost reads of scan inputs are 'recomputed')."""
     save = problem.must_save | (problem.must_cover & problem.can_save)
-    recompute = problem.must_cover & ~problem.can_save
+    return _fixed(graph, problem, save, problem.must_cover & ~problem.can_save)
+
+
+def remat_all(graph: Graph, problem: ilp.Problem) -> Decisions:
+    """The plan that saves only what it must (what other regions read, and what cannot be
+    recomputed) and recomputes the rest: one ``jax.checkpoint(policy=nothing_saveable)``
+    per region, what a user writes by hand with the regions at the layers."""
+    save = problem.must_save | (problem.must_cover & problem.can_save & ~problem.can_recompute)
+    save, recompute, _ = ilp.prune(problem, save, problem.can_recompute & ~save)
+    return _fixed(graph, problem, save, recompute)
+
+
+def _fixed(graph: Graph, problem: ilp.Problem, save: np.ndarray, recompute: np.ndarray
+           ) -> Decisions:
+    """The decisions of a plan not solved for, with its figures."""
     cost, peak = ilp.evaluate(problem, save, recompute)
     result = ilp.Solution(ilp.Status.OPTIMAL, save, recompute, cost, peak, cost, 0.0, 0.0)
     return decisions(graph, problem, result)

@@ -24,7 +24,7 @@ from autoremat._layout import Layout
 from autoremat._offload import OffloadConfig
 from autoremat._op_times import OpTimes
 from autoremat._plan import Plan
-from autoremat._planner._candidates import Candidate, SolverClock, candidates
+from autoremat._planner._candidates import Candidate, SolverClock, candidates, obvious_plans
 from autoremat._planner._closed_loop import MODEL_ERROR, ClosedLoop, verified_floor
 from autoremat._planner._floor import floor_plans
 from autoremat._planner._options import PlanOptions
@@ -53,8 +53,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         (the least-recompute plan at that budget spends every stage's slack on saving
         values the compiler may not fit beside the peak); with ``verify``, of the
         placements whose floor the model puts within 10% of the least (at most
-        ``verify_rounds`` of them, lowest first), the floor plan the compiler puts
-        lowest. For a sharded step, the bytes of one device (as are all of the plan's
+        ``verify_rounds`` of them, lowest first), no remat and one remat per layer, the
+        plan the compiler puts lowest. For a sharded step, the bytes of one device (as are all of the plan's
         figures).
       time_limit_s: stop planning after about this long with the best plan found (its
         status is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
@@ -170,7 +170,8 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
     if parse_budget(budget) == FLOOR:
         floors = floor_plans(found, options, SolverClock(options.time_limit_s, len(found)),
                              MODEL_ERROR)
-        return verified_floor(floors[:options.verify_rounds], compiled_peak, options.verify)
+        contenders = [*floors[:options.verify_rounds], *obvious_plans(found, options)]
+        return verified_floor(contenders, compiled_peak, options.verify)
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
                       options.refine_rounds)
     return loop.run(budget)

@@ -56,6 +56,23 @@ def candidates(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], options
     return found
 
 
+def obvious_plans(found: Sequence[Candidate], options: PlanOptions) -> list[Plan]:
+    """The plans a user tries by hand: no remat, and one remat per layer keeping only its
+    input (``jax.checkpoint(layer, policy=nothing_saveable)`` on every layer, at
+    :func:`autoremat._trace.layer_cuts`), on the program of ``found[0]`` (scans whole).
+    Under the model no floor plan is above them (both are plans at placements the planner
+    solves); the compiler may differ, so a verified floor is compared with them."""
+    whole = found[0]
+    layers = Candidate(whole.facts, Placement(_trace.layer_cuts(whole.facts.program)))
+    plans = []
+    for candidate, fixed in ((whole, _solve.no_remat), (layers, _solve.remat_all)):
+        graph, problem = candidate.problem(options)
+        d = dataclasses.replace(fixed(graph, problem), status="feasible")
+        no_remat = _solve.no_remat(graph, problem).peak_bytes
+        plans.append(plan_of(graph, d, d.peak_bytes, no_remat, options))
+    return plans
+
+
 def plan_of(graph: Graph, d: _solve.Decisions, budget_bytes: int, no_remat_peak: int,
             options: PlanOptions) -> Plan:
     """The :class:`Plan` of decisions ``d`` on ``graph``."""

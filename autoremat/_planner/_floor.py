@@ -37,17 +37,20 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
                                  "time_limit_s.")
     chosen = [(peak, k) for peak, k in found if peak <= found[0][0] * (1 + within)]
     solves = [r for _, _, r in lowest]
-    return [_floor_plan(lowest[k], peak, solves, options, clock, left=2 * (len(chosen) - i))
+    no_remat = min(_solve.no_remat(g, p).peak_bytes for g, p, _ in lowest)
+    return [_floor_plan(lowest[k], peak, solves, no_remat, options, clock,
+                        left=2 * (len(chosen) - i))
             for i, (peak, k) in enumerate(chosen)]
 
 
 def _floor_plan(lowest: _Lowest, peak: int, solves: Sequence[ilp.Solution],
-                options: PlanOptions, clock: SolverClock, left: int) -> Plan:
+                no_remat: int, options: PlanOptions, clock: SolverClock, left: int) -> Plan:
     """The plan at a placement's least peak whose stages are lowest when no saved value is
     taken to share the gradients' buffers (the least-recompute plan at the floor spends
     that bound's slack on saving small values, which the compiler did not always fit:
     GPT-2-small, TPU v5e), then the least recompute. It is ``"optimal"`` when every solve
-    (``solves`` and its own) was proven."""
+    (``solves`` and its own) was proven. ``no_remat``: the least no-remat peak over the
+    placements."""
     graph, problem, floor = lowest
     unpacked = dataclasses.replace(problem, unshared=None)
     low = ilp.solve_min_peak(unpacked, time_limit_s=clock.share(left))
@@ -64,7 +67,6 @@ def _floor_plan(lowest: _Lowest, peak: int, solves: Sequence[ilp.Solution],
         status=ilp.Status.OPTIMAL if proven else ilp.Status.FEASIBLE,
         gap=0.0 if proven else result.gap)
     d = _solve.decisions(graph, problem, result)
-    no_remat = _solve.no_remat(graph, problem).peak_bytes
     return dataclasses.replace(plan_of(graph, d, d.peak_bytes, no_remat, options),
                                solve_seconds=sum(r.wall_s for r in solves))
 

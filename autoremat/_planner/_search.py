@@ -49,8 +49,9 @@ class _Outcome:
 
 
 def resolve_budget(budget: Budget, graph: Graph, no_remat_peak: int) -> int:
-    """``budget`` in bytes: a fraction is of the no-remat activation memory, on top of the
-    arguments and gradients."""
+    """``budget`` in bytes: a fraction is of the no-remat activation memory (the least
+    over the placements: the model of a placement with larger regions holds more at once,
+    though no remat is the same step), on top of the arguments and gradients."""
     parsed = parse_budget(budget)
     if isinstance(parsed, int):
         return parsed
@@ -80,13 +81,12 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
       SolverTimeoutError: the time limit passed before any plan was found.
     """
     outcomes: list[_Outcome] = []
-    budget_bytes = 0
-    for k, candidate in enumerate(candidates):
-        graph, problem = candidate.problem(options)
-        baseline = _solve.no_remat(graph, problem)
-        if k == 0:
-            budget_bytes = resolve_budget(budget, graph, baseline.peak_bytes)
-        outcomes.append(_solve_placement(graph, problem, baseline, budget_bytes,
+    problems = [candidate.problem(options) for candidate in candidates]
+    baselines = [_solve.no_remat(graph, problem) for graph, problem in problems]
+    no_remat_peak = min(b.peak_bytes for b in baselines)
+    budget_bytes = resolve_budget(budget, problems[0][0], no_remat_peak)
+    for k, ((graph, problem), baseline) in enumerate(zip(problems, baselines, strict=True)):
+        outcomes.append(_solve_placement(graph, problem, baseline, no_remat_peak, budget_bytes,
                                          margins.of(graph.placement), options,
                                          lambda k=k: clock.share(len(candidates) - k)))
         if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
@@ -95,14 +95,16 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
 
 
 def _solve_placement(graph: Graph, problem: ilp.Problem,
-                     baseline: _solve.Decisions, budget_bytes: int, margin: int,
+                     baseline: _solve.Decisions, no_remat_peak: int, budget_bytes: int,
+                     margin: int,
                      options: PlanOptions, share: Callable[[], float]) -> _Outcome:
-    """The :class:`_Outcome` of one placement within ``budget_bytes - margin``."""
+    """The :class:`_Outcome` of one placement within ``budget_bytes - margin``
+    (``baseline``: its no-remat plan; ``no_remat_peak``: the least over the placements)."""
     replay = _solve.replay_cost(graph, problem)
     within = budget_bytes - margin
     if within >= baseline.peak_bytes:
         # Saving everything fits, and recomputes nothing that can be saved: optimal.
-        return _Outcome(plan_of(graph, baseline, budget_bytes, baseline.peak_bytes, options),
+        return _Outcome(plan_of(graph, baseline, budget_bytes, no_remat_peak, options),
                         replay)
     if within < lower_bound(problem):
         return _Outcome(below=(problem, margin))
@@ -114,7 +116,7 @@ def _solve_placement(graph: Graph, problem: ilp.Problem,
     if result.status is ilp.Status.NO_SOLUTION:
         return _Outcome(bound=bound, solve_seconds=result.wall_s)
     d = _solve.decisions(graph, problem, result)
-    return _Outcome(plan_of(graph, d, budget_bytes, baseline.peak_bytes, options),
+    return _Outcome(plan_of(graph, d, budget_bytes, no_remat_peak, options),
                     result.cost + replay, bound, solve_seconds=result.wall_s)
 
 

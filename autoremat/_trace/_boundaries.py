@@ -1,12 +1,82 @@
-"""Where unrolled code is cut into regions."""
+"""Where unrolled code is cut into regions.
+
+Two kinds of candidate boundaries, both from the program's structure:
+
+- **Layers** (:func:`layer_cuts`): code that runs once per layer is the same equations from
+  the same source lines, again and again. The equations are tokenized (primitive and user
+  source frames); the tokens that repeat the most common number of times are the layers'
+  code, and the layers start where one of those tokens recurs, the one whose recurrences
+  the fewest bytes cross (the residual stream, not the inside of a block). These are the
+  boundaries a user's one line of remat per block gives, whatever the widths.
+- **Narrow crossings** (:func:`segment_cuts`): where the bytes still to be read are near
+  the least of the program, thinned to segments of similar size.
+"""
 
 from __future__ import annotations
 
+import collections
 import math
+from collections.abc import Hashable
 
+import jax._src.source_info_util as source_info_util
 import numpy as np
 
-from autoremat._program import Program
+from autoremat._program import Eqn, Program, scan_input_slices
+
+
+def crossing_bytes(program: Program) -> np.ndarray:
+    """``crossing[p]``, for ``p`` from 0 to the number of equations: the bytes of values
+    made before equation ``p`` and read at or after it (arguments not counted)."""
+    eqns = program.eqns
+    delta = np.zeros(len(eqns) + 2, np.int64)
+    born: dict[int, int] = {}
+    last_use: dict[int, int] = {}
+    for i, e in enumerate(eqns):
+        for a in e.ins:
+            if isinstance(a, int) and a in born:
+                last_use[a] = i
+        for o in e.outs:
+            born[o] = i
+    for o, i in born.items():
+        if o in last_use:
+            delta[i + 1] += program.value_bytes(o)
+            delta[last_use[o] + 1] -= program.value_bytes(o)
+    return np.cumsum(delta)[:len(eqns) + 1]
+
+
+def _token(eqn: Eqn) -> Hashable:
+    """What an equation is, up to which call made it: its primitive and the user source
+    frames it was traced from (line numbers, not columns)."""
+    frames = source_info_util.user_frames(eqn.source_info.traceback)
+    return eqn.primitive.name, tuple((f.file_name, f.start_line) for f in frames)
+
+
+def layer_cuts(program: Program) -> tuple[int, ...]:
+    """Equation indices at which the program's repeated layers start, and where the code
+    after the last one starts; ``()`` where nothing repeats.
+
+    The layers' tokens (:func:`_token`) are those that occur the number of times the most
+    tokens occur (at least twice; on a tie, the larger number). Each of them recurs once
+    per layer; the cuts are the recurrences of the one the fewest bytes cross
+    (:func:`crossing_bytes`), then the end of the last layer. Scans, and the slices of
+    their inputs made for them, are regions of their own and not tokens.
+    """
+    eqns = program.eqns
+    in_scans = {j for i, s in scan_input_slices(program).items()
+                for j in range(i - len(s), i + 1)}
+    positions: dict[Hashable, list[int]] = collections.defaultdict(list)
+    for i, e in enumerate(eqns):
+        if e.scan_body is None and i not in in_scans:
+            positions[_token(e)].append(i)
+    counts = collections.Counter(len(p) for p in positions.values() if len(p) >= 2)
+    if not counts:
+        return ()
+    layers = max(counts, key=lambda k: (counts[k], k))
+    family = [p for p in positions.values() if len(p) == layers]
+    crossing = crossing_bytes(program)
+    phase = min(family, key=lambda p: (int(crossing[p].sum()), p))
+    end = max(p[-1] for p in family) + 1
+    return tuple(sorted({*phase, end} - {0, len(eqns)}))
 
 
 def segment_cuts(program: Program) -> tuple[int, ...]:
@@ -22,22 +92,8 @@ def segment_cuts(program: Program) -> tuple[int, ...]:
     n = len(eqns)
     if n < 4:
         return ()
-    produced = np.zeros(n, np.int64)
-    crossing = np.zeros(n + 1, np.int64)  # crossing[p]: bytes made before p, read at/after p
-    born: dict[int, int] = {}
-    last_use: dict[int, int] = {}
-    for i, e in enumerate(eqns):
-        for a in e.ins:
-            if isinstance(a, int) and a in born:
-                last_use[a] = i
-        for o in e.outs:
-            born[o] = i
-            produced[i] += program.value_bytes(o)
-    for o, i in born.items():
-        if o in last_use:
-            crossing[i + 1] += program.value_bytes(o)
-            crossing[last_use[o] + 1] -= program.value_bytes(o)
-    crossing = np.cumsum(crossing)
+    produced = np.array([sum(program.value_bytes(o) for o in e.outs) for e in eqns], np.int64)
+    crossing = crossing_bytes(program)
     lo, hi = max(1, n // 10), max(2, n - n // 10)
     threshold = 1.5 * max(1, int(crossing[lo:hi].min()))
     min_size = 0.5 * produced.sum() / math.sqrt(n)
@@ -50,19 +106,22 @@ def segment_cuts(program: Program) -> tuple[int, ...]:
     return tuple(cuts)
 
 
-def candidate_cuts(program: Program) -> tuple[tuple[int, ...], ...]:
-    """Candidate region boundaries (:attr:`Placement.cuts`), finest first.
 
-    The finest is :func:`segment_cuts`. Coarser ones keep every second of its cuts
-    (both phases): where a layer is cut in two (attention | MLP), one of them cuts only
-    at layer boundaries. Each region boundary is saved for the backward pass, so fewer
-    regions save fewer copies of what crosses; larger regions recompute more at once.
-    The planner solves each and keeps the cheapest plan that fits.
+
+def candidate_cuts(program: Program) -> tuple[tuple[int, ...], ...]:
+    """Candidate region boundaries (:attr:`Placement.cuts`), distinct, in the planner's
+    order of preference.
+
+    First :func:`segment_cuts`, then every second of its cuts (both phases): where a layer
+    is cut in two (attention | MLP), one of them cuts only at layer boundaries. Then
+    :func:`layer_cuts`, the regions of one remat per layer. Each region boundary is saved
+    for the backward pass, so fewer regions save fewer copies of what crosses; larger
+    regions recompute more at once. The planner solves each and keeps the cheapest plan
+    that fits.
     """
     finest = segment_cuts(program)
     found = [finest]
-    for phase in (0, 1):
-        coarse = finest[phase::2]
-        if len(finest) >= 3 and coarse not in found:
-            found.append(coarse)
-    return tuple(found)
+    if len(finest) >= 3:
+        found += [finest[phase::2] for phase in (0, 1)]
+    found.append(layer_cuts(program))
+    return tuple(dict.fromkeys(found))
