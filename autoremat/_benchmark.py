@@ -30,6 +30,7 @@ from autoremat._budget import format_bytes
 from autoremat._cost import live_flops
 from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError
 from autoremat._layout import Layout
+from autoremat._plan import Plan
 from autoremat._planner import PlanOptions, plan, plan_with
 
 BUILTIN_POLICIES: dict[str, Callable | None] = {
@@ -57,6 +58,8 @@ class Row:
       solve_seconds, compile_seconds: wall time planning (closed loop included) and
         compiling.
       status: the plan's solver status, or ``"infeasible"``.
+      compiles: the compiles planning made (autoremat rows with ``verify``).
+      regions: the plan's number of remat regions (autoremat rows).
     """
 
     kind: str
@@ -70,6 +73,8 @@ class Row:
     solve_seconds: float | None = None
     compile_seconds: float | None = None
     status: str | None = None
+    compiles: int | None = None
+    regions: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +119,7 @@ def program_flops(fn: Callable, *args: Any, argnums: int | Sequence[int] = 0) ->
 
 
 def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: int = 8,
-          options: PlanOptions = PlanOptions(),
+          options: PlanOptions = PlanOptions(), policies: Sequence[str] = tuple(BUILTIN_POLICIES),
           log: Callable[[str], None] = lambda _: None) -> Sweep:
     """Plans and measures ``model`` across budgets, beside the built-in policies.
 
@@ -127,6 +132,9 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         no-checkpoint peak (the floor plan itself is one more row).
       options: how every plan is made (:class:`autoremat.PlanOptions`; its time limit is
         per plan, per closed-loop round; ``verify`` the target for the closed loop).
+      policies: the names of :data:`BUILTIN_POLICIES` to measure, each applied to every
+        layer by ``model.make_loss`` (with a library's own remat, for a model of another
+        library: ``"nothing_saveable"`` is the user's one line of remat per block).
       log: called with a line per finished row.
 
     Returns:
@@ -152,8 +160,8 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         rows.append(row)
         log(_row_line(row))
 
-    for name, policy in BUILTIN_POLICIES.items():
-        add(Row("builtin", name), model.make_loss(policy))
+    for name in policies:
+        add(Row("builtin", name), model.make_loss(BUILTIN_POLICIES[name]))
     for preset in zoo.presets_for(model):
         if preset != "full":  # MaxText's "full" is nothing_saveable, measured above
             add(Row("maxtext", preset), model.make_loss(zoo.preset_policy(preset, model)))
@@ -164,7 +172,8 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
     floor = lowest.peak_bytes
     add(Row("autoremat", "floor", budget_bytes=floor,
             predicted_peak_bytes=lowest.peak_bytes, predicted_overhead=lowest.overhead,
-            status=lowest.status, solve_seconds=lowest.solve_seconds), lowest.apply(loss))
+            status=lowest.status, solve_seconds=lowest.solve_seconds,
+            compiles=lowest.verify_compiles, regions=_regions(lowest)), lowest.apply(loss))
     # On the compiler, budgets run from the floor plan's real peak.
     low = max(floor, rows[-1].real_peak_bytes or floor)
     top = (base.peak_bytes if base is not None else plan_with(
@@ -182,8 +191,14 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
             continue
         add(dataclasses.replace(row, predicted_peak_bytes=p.peak_bytes,
                                 predicted_overhead=p.overhead, status=p.status,
-                                solve_seconds=time.perf_counter() - start), p.apply(loss))
+                                solve_seconds=time.perf_counter() - start,
+                                compiles=p.verify_compiles, regions=_regions(p)), p.apply(loss))
     return Sweep(model.name, model.description, target, floor, tuple(rows), versions())
+
+
+def _regions(p: Plan) -> int:
+    """A plan's number of remat regions."""
+    return len(p.graph.regions)
 
 
 def floor_bytes(fn: Callable, *args: Any, layout: Layout = "dense") -> int:
@@ -244,6 +259,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.1%}"
 
 
+def _count(x: int | None) -> str:
+    return "-" if x is None else str(x)
+
+
 def _row_line(row: Row) -> str:
     return (f"{row.kind} {row.name}: predicted {_mib(row.predicted_peak_bytes)} MiB "
             f"{_pct(row.predicted_overhead)}, real {_mib(row.real_peak_bytes)} MiB "
@@ -256,8 +275,8 @@ def table(sweep: Sweep) -> str:
     lines = [
         ("| kind | policy / budget | predicted peak MiB | real peak MiB | predicted overhead "
         "| compiler overhead | program overhead | below built-in frontier by | solve s "
-        "| compile s | status |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|"]
+        "| compile s | compiles | regions | status |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sweep.rows:
         gap = frontier_gap(sweep, r) if r.kind == "autoremat" else None
         gap_text = "-" if gap is None else ("no built-in fits" if gap == float("inf")
@@ -267,7 +286,8 @@ def table(sweep: Sweep) -> str:
             f"| {r.kind} | {r.name} | {_mib(r.predicted_peak_bytes)} | "
             f"{_mib(r.real_peak_bytes)} | {_pct(r.predicted_overhead)} | "
             f"{_pct(r.compiler_overhead)} | {_pct(r.program_overhead)} | {gap_text} | "
-            f"{secs(r.solve_seconds)} | {secs(r.compile_seconds)} | {r.status or '-'} |")
+            f"{secs(r.solve_seconds)} | {secs(r.compile_seconds)} | {_count(r.compiles)} | "
+            f"{_count(r.regions)} | {r.status or '-'} |")
     return "\n".join(lines)
 
 
@@ -299,3 +319,84 @@ def _gap_fields(sweep: Sweep, row: Row) -> dict[str, Any]:
     gap = frontier_gap(sweep, row) if row.kind == "autoremat" else None
     return {"frontier_gap": None if gap == float("inf") else gap,
             "no_builtin_fits": gap == float("inf")}
+
+
+@dataclasses.dataclass(frozen=True)
+class HandComparison:
+    """A sweep on the compiler against what its user writes by hand.
+
+    Attributes:
+      no_remat, hand: the compiler's peaks of the step without remat and with every block
+        in its library's remat with ``nothing_saveable`` (the ``"nothing_saveable"`` row).
+      floor: the compiler's peak of autoremat's (verified) floor plan.
+      floor_regions, floor_compiles: its regions, and the compiles it took.
+      budgets: the budget rows planned (not infeasible).
+      fitted: of those, the ones whose compiler peak is within the budget.
+      below_line: of those, the ones whose overhead is at or below the straight line from
+        the hand baseline to no remat at their peak (the hand overhead below the hand peak).
+      mean_compiles: compiles per planned budget.
+      worst_error: the largest |predicted / compiler peak - 1| over the autoremat rows.
+    """
+
+    no_remat: int
+    hand: int
+    floor: int
+    floor_regions: int | None
+    floor_compiles: int | None
+    budgets: int
+    fitted: int
+    below_line: int
+    mean_compiles: float | None
+    worst_error: float | None
+
+
+def compare_with_hand(sweep: Sweep) -> HandComparison | None:
+    """:class:`HandComparison` of a compiled sweep with ``"no checkpoint"`` and
+    ``"nothing_saveable"`` rows; ``None`` without them."""
+    rows = {(r.kind, r.name): r for r in sweep.rows}
+    base, hand = rows.get(("builtin", "no checkpoint")), rows.get(("builtin", "nothing_saveable"))
+    floor = rows.get(("autoremat", "floor"))
+    if (base is None or hand is None or floor is None or base.real_peak_bytes is None
+            or hand.real_peak_bytes is None or floor.real_peak_bytes is None):
+        return None
+    hand_overhead = sweep.overhead(hand) or 0.0
+    span = max(1, base.real_peak_bytes - hand.real_peak_bytes)
+
+    def line(peak: int) -> float:
+        share = min(1.0, max(0.0, (base.real_peak_bytes - peak) / span))
+        return hand_overhead * share
+
+    planned = [r for r in sweep.rows if r.kind == "autoremat" and r.name != "floor"
+               and r.real_peak_bytes is not None and r.budget_bytes is not None]
+    fitted = [r for r in planned if r.real_peak_bytes <= r.budget_bytes]
+    below = [r for r in planned if (sweep.overhead(r) or 0.0) <= line(r.real_peak_bytes) + 1e-4]
+    compiles = [r.compiles for r in planned if r.compiles]
+    errors = [abs(r.predicted_peak_bytes / r.real_peak_bytes - 1) for r in sweep.rows
+              if r.kind == "autoremat" and r.predicted_peak_bytes and r.real_peak_bytes]
+    return HandComparison(
+        no_remat=base.real_peak_bytes, hand=hand.real_peak_bytes, floor=floor.real_peak_bytes,
+        floor_regions=floor.regions, floor_compiles=floor.compiles, budgets=len(planned),
+        fitted=len(fitted), below_line=len(below),
+        mean_compiles=sum(compiles) / len(compiles) if compiles else None,
+        worst_error=max(errors, default=None))
+
+
+def hand_table(sweeps: Sequence[Sweep]) -> str:
+    """Each compiled sweep against its hand baseline, as a markdown table."""
+    lines = ["| model | no remat MiB | hand MiB | autoremat floor MiB | floor vs hand "
+             "| floor regions | floor compiles | budgets fit | below hand line "
+             "| compiles per budget | worst model error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for s in sweeps:
+        c = compare_with_hand(s)
+        if c is None:
+            lines.append(f"| {s.model} | not compiled | | | | | | | | | |")
+            continue
+        per_budget = "-" if c.mean_compiles is None else f"{c.mean_compiles:.1f}"
+        error = "-" if c.worst_error is None else f"{c.worst_error:.1%}"
+        lines.append(
+            f"| {s.model} | {_mib(c.no_remat)} | {_mib(c.hand)} | {_mib(c.floor)} | "
+            f"{_pct(c.floor / c.hand - 1)} | {_count(c.floor_regions)} | "
+            f"{_count(c.floor_compiles)} | {c.fitted}/{c.budgets} | {c.below_line}/{c.budgets} | "
+            f"{per_budget} | {error} |")
+    return "\n".join(lines)

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import inspect
 import json
 import math
@@ -15,7 +16,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 import rich.console
@@ -392,9 +393,15 @@ def demo(budget: float, scan: bool, rows: int, show_progress: bool | None,
 
 
 @main.command()
-@click.option("--model", "model_names", type=click.Choice(list(zoo.ZOO)), multiple=True,
-              default=("gpt2-small",), show_default=True, metavar="NAME",
-              help=f"Zoo model to sweep (repeatable): {', '.join(zoo.ZOO)}.")
+@click.option("--model", "model_names", multiple=True, metavar="NAME",
+              help=f"Model to sweep (repeatable): a zoo model ({', '.join(zoo.ZOO)}), or with "
+                   "--corpus a corpus model. Default: gpt2-small, or the whole corpus.")
+@click.option("--corpus", "corpus_dir", is_flag=False, flag_value="bench/corpus", default=None,
+              type=click.Path(file_okay=False, exists=True, path_type=pathlib.Path),
+              help="Sweep the corpus of third-party models in this directory (a checkout's "
+                   "bench/corpus, the default when given bare): every full-size model, or "
+                   "those named by --model; writes CORPUS.md/json/png beside a folder of "
+                   "sweeps.")
 @click.option("--target", type=click.Choice([*autoremat.TARGETS, "none"]), default="tpu-v5e",
               show_default=True,
               help="Compiler to measure with; 'none' for the analytic model alone.")
@@ -406,10 +413,11 @@ def demo(budget: float, scan: bool, rows: int, show_progress: bool | None,
               default=pathlib.Path("bench/results"), show_default=True,
               help="Directory for MODEL.md, MODEL.json and MODEL.png.")
 @_plan_options
-def bench(model_names: tuple[str, ...], target: str, num_budgets: int, verify: bool,
-          out: pathlib.Path, options: PlanOptions) -> None:
-    """Sweep budgets for zoo models beside JAX's built-in policies; write a markdown
-    table, JSON and a Pareto plot per model.
+def bench(model_names: tuple[str, ...], corpus_dir: pathlib.Path | None, target: str,
+          num_budgets: int, verify: bool, out: pathlib.Path, options: PlanOptions) -> None:
+    """Sweep budgets for zoo or corpus models beside JAX's built-in policies; write a
+    markdown table, JSON and a Pareto plot per model (and, for the corpus, a table and a
+    plot of every model against its hand baseline).
 
     Every plan and built-in policy is compiled for TARGET (the TPU compiler runs ahead of
     time on a CPU machine: pip install "autoremat[tpu]"); a 12-layer model takes a
@@ -417,23 +425,89 @@ def bench(model_names: tuple[str, ...], target: str, num_budgets: int, verify: b
     """
     measured = None if target == "none" else target
     options = dataclasses.replace(options, verify=measured if verify else None)
-    out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["autoremat", *sys.argv[1:]])
-    for name in model_names:
-        model = zoo.get(name)
+    models = _bench_models(model_names, corpus_dir)
+    folder = out / "corpus" if corpus_dir is not None else out
+    folder.mkdir(parents=True, exist_ok=True)
+    policies = _CORPUS_POLICIES if corpus_dir is not None else tuple(_benchmark.BUILTIN_POLICIES)
+    sweeps = []
+    for model in models:
         click.echo(f"{model.name}: {model.description}")
         try:
             sweep = _benchmark.sweep(model, target=measured, num_budgets=num_budgets,
-                                     options=options, log=click.echo)
+                                     options=options, policies=policies, log=click.echo)
         except CompilerUnavailableError as e:
             raise click.ClickException(f"{e} (or use --target none)") from None
+        sweeps.append(sweep)
         text = (f"# {model.name} on {target}\n\n{model.description}\n\nMade with `{command}`; "
                 f"versions: {json.dumps(sweep.versions)}. Floor plan "
                 f"predicted at {sweep.floor_bytes / 2**20:.0f} MiB.\n\n"
                 f"{_benchmark.table(sweep)}\n\n"
                 f"{_benchmark.accuracy(sweep)}\n")
-        (out / f"{name}.md").write_text(text)
-        (out / f"{name}.json").write_text(json.dumps(_benchmark.to_json(sweep, command),
-                                                     indent=2))
-        _plots.pareto(sweep, out / f"{name}.png")
+        (folder / f"{model.name}.md").write_text(text)
+        (folder / f"{model.name}.json").write_text(json.dumps(_benchmark.to_json(sweep, command),
+                                                            indent=2))
+        _plots.pareto(sweep, folder / f"{model.name}.png")
         click.echo(text)
+    if corpus_dir is not None:
+        _write_corpus_summary(sweeps, out, target, command)
+
+
+# Beside no remat and the hand baseline (nothing_saveable in the library's own remat), the
+# built-in policy a user tries next.
+_CORPUS_POLICIES = ("no checkpoint", "dots_saveable", "nothing_saveable")
+
+
+def _bench_models(names: tuple[str, ...], corpus_dir: pathlib.Path | None
+                  ) -> list[zoo.ZooModel]:
+    """The models ``autoremat bench`` sweeps."""
+    if corpus_dir is None:
+        return [zoo.get(name) for name in names or ("gpt2-small",)]
+    corpus = _load_corpus(corpus_dir)
+    if not names:
+        return [m for name, m in corpus.items() if not name.endswith("-tiny")]
+    unknown = [n for n in names if n not in corpus]
+    if unknown:
+        raise click.BadParameter(f"not in the corpus: {', '.join(unknown)}; known: "
+                                 f"{', '.join(corpus)}", param_hint="--model")
+    return [corpus[n] for n in names]
+
+
+def _load_corpus(corpus_dir: pathlib.Path) -> dict[str, zoo.ZooModel]:
+    """``CORPUS`` of the package in ``corpus_dir`` (a checkout's ``bench/corpus``)."""
+    package = corpus_dir.resolve()
+    spec = importlib.util.spec_from_file_location(
+        package.name, package / "__init__.py", submodule_search_locations=[str(package)])
+    if spec is None or spec.loader is None:
+        raise click.BadParameter(f"{corpus_dir} has no __init__.py", param_hint="--corpus")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[package.name] = module
+    spec.loader.exec_module(module)
+    return module.CORPUS
+
+
+def _write_corpus_summary(sweeps: list[_benchmark.Sweep], out: pathlib.Path, target: str,
+                          command: str) -> None:
+    """``corpus.md``, ``corpus.json`` and ``corpus.png`` in ``out``."""
+    table = _benchmark.hand_table(sweeps)
+    lines = [f"# The corpus on {target}: autoremat against the user's hand remat\n",
+             f"Made with `{command}`; versions: {json.dumps(sweeps[0].versions if sweeps else {})}."
+             " Per model: the compiler's peak without remat, with every block in its library's "
+             "own remat and `nothing_saveable` (hand), and of autoremat's verified floor; then "
+             "over the swept budgets, how many plans the compiler fits, how many lie at or "
+             "below the straight line from the hand baseline to no remat, the compiles per "
+             "budget and the model's worst error. Each model's sweep is in `corpus/`.\n",
+             table, ""]
+    (out / "corpus.md").write_text("\n".join(lines))
+    (out / "corpus.json").write_text(json.dumps(
+        {"command": command,
+         "models": {s.model: {"description": s.description,
+                              "comparison": _asdict(_benchmark.compare_with_hand(s))}
+                    for s in sweeps}}, indent=2))
+    found = [(s.model, c) for s in sweeps if (c := _benchmark.compare_with_hand(s)) is not None]
+    _plots.hand_bars(found, out / "corpus.png")
+    click.echo(table)
+
+
+def _asdict(x: Any) -> Any:
+    return None if x is None else dataclasses.asdict(x)

@@ -42,6 +42,7 @@ class Plan:
       verified_peak_bytes: the real compiler's peak for the step, when the plan was made
         with ``verify`` (``None`` otherwise).
       verify_target: the target it was compiled for (``None`` without ``verify``).
+      verify_compiles: how many compiles planning made (0 without ``verify``).
       graph: the traced value graph (not part of equality or hashing).
       offloaded: ids of the values offloaded to host memory (planned with ``offload``).
       offloaded_bytes: host bytes the offloaded values take.
@@ -77,6 +78,7 @@ class Plan:
     graph: Graph = dataclasses.field(compare=False, repr=False)
     verified_peak_bytes: int | None = None
     verify_target: str | None = None
+    verify_compiles: int = dataclasses.field(default=0, compare=False)
     offloaded: frozenset[int] = frozenset()
     offloaded_bytes: int = 0
     offload_flops: int = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import autoremat_ilp as ilp
@@ -12,7 +13,7 @@ from autoremat import _solve
 from autoremat._budget import format_bytes
 
 if TYPE_CHECKING:
-    from autoremat._benchmark import Row, Sweep
+    from autoremat._benchmark import HandComparison, Row, Sweep
     from autoremat._plan import Plan
 
 T = TypeVar("T")
@@ -78,6 +79,28 @@ def pareto(sweep: Sweep, path: str | os.PathLike) -> None:
                  fontsize=9)
     ax.grid(alpha=0.3)
     ax.set_ylim(bottom=min(0, ax.get_ylim()[0]))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def hand_bars(found: Sequence[tuple[str, HandComparison]], path: str | os.PathLike) -> None:
+    """Per model (name, :func:`autoremat._benchmark.compare_with_hand`), the compiler's peak
+    of no remat, of the user's one remat per block and of autoremat's floor plan, each over
+    the no-remat peak (PNG or SVG, by ``path``'s suffix)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(found) + 2), 4.5))
+    x = np.arange(len(found))
+    for k, (label, field, color) in enumerate((("no remat", "no_remat", "tab:gray"),
+                                               ("hand: remat per block", "hand", "tab:orange"),
+                                               ("autoremat floor", "floor", "tab:blue"))):
+        ax.bar(x + (k - 1) * 0.27, [getattr(c, field) / c.no_remat for _, c in found], 0.27,
+               label=label, color=color)
+    ax.set_xticks(x, [name for name, _ in found], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("compiler peak / no-remat peak")
+    ax.set_title("Floor on the compiler: autoremat against the hand baseline", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)

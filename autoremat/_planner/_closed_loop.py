@@ -87,7 +87,7 @@ class ClosedLoop:
                 self.exceeded(plan, peak)
             model_budget = self.budget_bytes
         if self.best is not None:
-            return self.best
+            return dataclasses.replace(self.best, verify_compiles=self.tries + self.refines)
         # A round ran (verify_rounds >= 1) and set both.
         assert self.budget_bytes is not None and self.lowest_peak is not None
         raise BudgetNotVerifiedError(
@@ -179,4 +179,5 @@ def verified_floor(floors: Sequence[Plan], compiled_peak: Callable[[Plan], int],
     remat per layer, on the compiler."""
     peak, k = min((compiled_peak(p), k) for k, p in enumerate(floors))
     return dataclasses.replace(floors[k], budget_bytes=max(floors[k].budget_bytes, peak),
-                               verified_peak_bytes=peak, verify_target=target)
+                               verified_peak_bytes=peak, verify_target=target,
+                               verify_compiles=len(floors))

@@ -1,0 +1,156 @@
+"""Candidate region boundaries from the program's structure (``_trace._boundaries``)."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autoremat
+import autoremat_ilp as ilp
+from autoremat import _rewrite, _solve, _trace
+from autoremat._placement import Placement
+from autoremat._planner import PlanOptions
+from autoremat._planner._candidates import candidates, obvious_plans
+from tests.models import saved_residuals
+
+
+class _Block(nn.Module):
+    channels: int
+    stride: int
+
+    @nn.compact
+    def __call__(self, x):
+        y = nn.relu(nn.Conv(self.channels, (3, 3), strides=self.stride)(x))
+        y = nn.Conv(self.channels, (3, 3))(y)
+        if x.shape != y.shape:
+            x = nn.Conv(self.channels, (1, 1), strides=self.stride)(x)
+        return nn.relu(x + y)
+
+
+class _ShrinkingCNN(nn.Module):
+    """Residual blocks, stages shrinking 16x16x8 -> 2x2x64, a 10-class head: the narrowest
+    crossing is late, so no layer boundary is within 1.5x of it."""
+
+    remat: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        block = nn.remat(_Block, policy=jax.checkpoint_policies.nothing_saveable) \
+            if self.remat else _Block
+        x = nn.Conv(8, (3, 3))(x)
+        for stage, channels in enumerate((8, 16, 32, 64)):
+            for i in range(2):
+                x = block(channels, 2 if stage and not i else 1, name=f"block{2 * stage + i}")(x)
+        return nn.Dense(10)(x.mean((1, 2)))
+
+
+_BLOCKS = 8
+
+
+def _cnn(remat: bool = False):
+    model = _ShrinkingCNN(remat)
+    x = jax.random.normal(jax.random.key(0), (4, 16, 16, 3))
+    params = model.init(jax.random.key(1), x)
+    return (lambda p, x: jnp.mean(model.apply(p, x) ** 2)), (params, x)
+
+
+class _NarrowHeadMLP(eqx.Module):
+    layers: list
+    head: eqx.nn.Linear
+
+    def __init__(self, key):
+        keys = jax.random.split(key, 7)
+        self.layers = [eqx.nn.Linear(64, 64, key=k) for k in keys[:6]]
+        self.head = eqx.nn.Linear(64, 2, key=keys[6])
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = jax.nn.gelu(layer(x))
+        return self.head(x)
+
+
+def _mlp():
+    params, static = eqx.partition(_NarrowHeadMLP(jax.random.key(0)), eqx.is_array)
+    x = jax.random.normal(jax.random.key(1), (128, 64))
+    return (lambda p, x: jnp.mean(jax.vmap(eqx.combine(p, static))(x) ** 2)), (params, x)
+
+
+def _program(loss, args):
+    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
+    return _trace.trace_program(flat_fn, avals)
+
+
+def test_every_block_of_a_shrinking_cnn_is_a_layer_boundary():
+    program = _program(*_cnn())
+    assert _trace.segment_cuts(program) == ()  # the narrow head hides every block
+    cuts = _trace.layer_cuts(program)
+    regions = autoremat._program.split_regions(program, Placement(cuts))
+    # Each region holds the convolutions of one block (named block<k>), and each
+    # block's convolutions are in one region.
+    blocks = [{s.split("/")[1] for e in r.eqns if e.primitive.name == "conv_general_dilated"
+               and (s := str(e.source_info.name_stack)).count("/") == 2} for r in regions]
+    assert [b for b in blocks if b] == [{f"block{k}"} for k in range(_BLOCKS)]
+    # Only the residual stream crosses each cut: one activation, the output of a block's
+    # last add (smaller than its input when the block shrinks it).
+    crossing = _trace.crossing_bytes(program)
+    for p in cuts:
+        assert crossing[p] in {program.value_bytes(o) for e in program.eqns[:p] for o in e.outs}
+
+
+def test_layers_of_an_equinox_mlp_with_a_narrow_head():
+    program = _program(*_mlp())
+    regions = autoremat._program.split_regions(program, Placement(_trace.layer_cuts(program)))
+    dots = [sum(e.primitive.name == "dot_general" for e in r.eqns) for r in regions]
+    assert dots == [1] * 7  # six layers, whose code Equinox hides from tracebacks, and the head
+
+
+def test_nothing_repeats_no_layers():
+    def loss(w, x):
+        return jnp.sum(jnp.sin(jnp.tanh(x @ w)) ** 2)
+
+    assert _trace.layer_cuts(_program(loss, (jnp.ones((8, 8)), jnp.ones((4, 8))))) == ()
+
+
+@pytest.mark.parametrize("make", [_cnn, _mlp], ids=["linen-cnn", "equinox-mlp"])
+def test_the_floor_is_at_or_below_no_remat_and_one_remat_per_layer(make):
+    loss, args = make()
+    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
+    found = candidates(flat_fn, avals, PlanOptions())
+    no_remat, per_layer = obvious_plans(found, PlanOptions())
+    floor = autoremat.plan(loss, *args, budget="floor")
+    assert floor.peak_bytes <= per_layer.peak_bytes <= no_remat.peak_bytes
+    assert floor.peak_bytes < no_remat.peak_bytes
+    assert per_layer.placement.cuts == _trace.layer_cuts(found[0].facts.program)
+
+
+def test_one_remat_per_layer_is_what_the_library_remat_saves():
+    """The per-layer plan keeps what ``nn.remat(Block, policy=nothing_saveable)`` keeps: the
+    plan is the hand baseline, so the floor below it is below the user's own line."""
+    loss, args = _cnn()
+    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
+    found = candidates(flat_fn, avals, PlanOptions())
+    _, per_layer = obvious_plans(found, PlanOptions())
+    graph = per_layer.graph
+    assert graph is not None
+    problem = _solve.problem_of(graph)
+    ids = graph.array("id")
+    save = np.isin(ids, list(per_layer.saved))
+    recompute = np.isin(ids, list(per_layer.recomputed))
+    assert ilp.violations(problem, save, recompute) == []
+
+    def kept(fn, *a):
+        return sum(int(np.prod(r.shape)) * r.dtype.itemsize for r, src in saved_residuals(fn, *a)
+                   if not src.startswith("from the argument"))
+
+    hand_loss, _ = _cnn(remat=True)
+    assert kept(per_layer.apply(loss), *args) == per_layer.saved_bytes
+    # Flax's remat keeps each block's input; the plan keeps it or the value one
+    # elementwise step before it (the same bytes), and the head's values.
+    assert per_layer.saved_bytes <= kept(hand_loss, *args)
+    g, g_hand = jax.grad(per_layer.apply(loss))(*args), jax.grad(hand_loss)(*args)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_hand), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
