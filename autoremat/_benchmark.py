@@ -360,17 +360,18 @@ def compare_with_hand(sweep: Sweep) -> HandComparison | None:
             or hand.real_peak_bytes is None or floor.real_peak_bytes is None):
         return None
     hand_overhead = sweep.overhead(hand) or 0.0
-    span = max(1, base.real_peak_bytes - hand.real_peak_bytes)
+    top = base.real_peak_bytes
+    span = max(1, top - hand.real_peak_bytes)
 
     def line(peak: int) -> float:
-        share = min(1.0, max(0.0, (base.real_peak_bytes - peak) / span))
-        return hand_overhead * share
+        return hand_overhead * min(1.0, max(0.0, (top - peak) / span))
 
-    planned = [r for r in sweep.rows if r.kind == "autoremat" and r.name != "floor"
+    planned = [(r, r.real_peak_bytes, r.budget_bytes) for r in sweep.rows
+               if r.kind == "autoremat" and r.name != "floor"
                and r.real_peak_bytes is not None and r.budget_bytes is not None]
-    fitted = [r for r in planned if r.real_peak_bytes <= r.budget_bytes]
-    below = [r for r in planned if (sweep.overhead(r) or 0.0) <= line(r.real_peak_bytes) + 1e-4]
-    compiles = [r.compiles for r in planned if r.compiles]
+    fitted = [r for r, peak, budget in planned if peak <= budget]
+    below = [r for r, peak, _ in planned if (sweep.overhead(r) or 0.0) <= line(peak) + 1e-4]
+    compiles = [r.compiles for r, _, _ in planned if r.compiles]
     errors = [abs(r.predicted_peak_bytes / r.real_peak_bytes - 1) for r in sweep.rows
               if r.kind == "autoremat" and r.predicted_peak_bytes and r.real_peak_bytes]
     return HandComparison(
