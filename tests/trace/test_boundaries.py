@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import autoremat_ilp as ilp
 import equinox as eqx
 import flax.linen as nn
 import jax
@@ -10,7 +11,6 @@ import numpy as np
 import pytest
 
 import autoremat
-import autoremat_ilp as ilp
 from autoremat import _rewrite, _solve, _trace
 from autoremat._placement import Placement
 from autoremat._planner import PlanOptions
