@@ -36,7 +36,7 @@ def candidates(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], options
     """The placements the planner solves, in its order of preference: each of
     :func:`autoremat._trace.candidate_cuts` with scans whole, then with scans split into
     pieces (:func:`autoremat._program.scan_pieces_of`), then, as ``options`` ask, scans
-    nested and segments nested at the finest cuts."""
+    nested, and segments nested at the finest cuts and at the layers."""
     program = _trace.trace_program(flat_fn, avals, layout=options.layout)
     programs = [program]
     if any(pieces := _program.scan_pieces_of(program)):
@@ -49,10 +49,13 @@ def candidates(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], options
     if options.nested_scans and max(groups := _program.scan_groups_of(program), default=1) > 1:
         found.append(Candidate(facts[0], dataclasses.replace(finest, scan_groups=groups)))
     if options.nested_segments:
-        segments = sum(r.kind == "segment" for r in _program.split_regions(program, finest))
-        if segments >= 4:
-            group = round(math.sqrt(segments))
-            found.append(Candidate(facts[0], dataclasses.replace(finest, segment_group=group)))
+        for cuts in dict.fromkeys((finest.cuts, _trace.layer_cuts(program))):
+            placement = Placement(cuts)
+            segments = sum(r.kind == "segment" for r in _program.split_regions(program, placement))
+            if segments >= 4:
+                group = round(math.sqrt(segments))
+                found.append(Candidate(facts[0], dataclasses.replace(placement,
+                                                                     segment_group=group)))
     return found
 
 
