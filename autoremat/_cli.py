@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import functools
 import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -474,16 +473,13 @@ def _bench_models(names: tuple[str, ...], corpus_dir: pathlib.Path | None
 
 
 def _load_corpus(corpus_dir: pathlib.Path) -> dict[str, zoo.ZooModel]:
-    """``CORPUS`` of the package in ``corpus_dir`` (a checkout's ``bench/corpus``)."""
+    """``CORPUS`` of the package in ``corpus_dir`` (a checkout's ``bench/corpus``, imported
+    as ``bench.corpus`` with the checkout on the path)."""
     package = corpus_dir.resolve()
-    spec = importlib.util.spec_from_file_location(
-        package.name, package / "__init__.py", submodule_search_locations=[str(package)])
-    if spec is None or spec.loader is None:
+    if not (package / "__init__.py").exists():
         raise click.BadParameter(f"{corpus_dir} has no __init__.py", param_hint="--corpus")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[package.name] = module
-    spec.loader.exec_module(module)
-    return module.CORPUS
+    sys.path.insert(0, str(package.parent.parent))
+    return importlib.import_module(f"{package.parent.name}.{package.name}").CORPUS
 
 
 def _write_corpus_summary(sweeps: list[_benchmark.Sweep], out: pathlib.Path, target: str,

@@ -51,32 +51,51 @@ def _token(eqn: Eqn) -> Hashable:
     return eqn.primitive.name, tuple((f.file_name, f.start_line) for f in frames)
 
 
+# Equations per token of :func:`layer_cuts`: a run of a few is specific to its place in a
+# layer even where the library's code hides every source line (penzai).
+_WINDOW = 4
+
+
 def layer_cuts(program: Program) -> tuple[int, ...]:
     """Equation indices at which the program's repeated layers start, and where the code
     after the last one starts; ``()`` where nothing repeats.
 
-    The layers' tokens (:func:`_token`) are those that occur the number of times the most
-    tokens occur (at least twice; on a tie, the larger number). Each of them recurs once
-    per layer; the cuts are the recurrences of the one the fewest bytes cross
-    (:func:`crossing_bytes`), then the end of the last layer. Scans, and the slices of
-    their inputs made for them, are regions of their own and not tokens.
+    A token is a run of ``_WINDOW`` consecutive equations (each its primitive and source
+    frames, :func:`_token`). The layers' tokens are those that occur ``k`` times, for the
+    ``k`` (at least 2) that the most tokens share (on a tie, the larger) among those where
+    the recurrences of one of the tokens begin layers that hold one recurrence of most of
+    the others each (code run twice per layer, a normalization's two reductions, does not
+    qualify). Each recurs once per layer; the cuts are the recurrences of the one the
+    fewest bytes cross (:func:`crossing_bytes`), then the end of the last layer. Scans,
+    and the slices of their inputs made for them, are regions of their own, not tokens.
     """
     eqns = program.eqns
     in_scans = {j for i, s in scan_input_slices(program).items()
                 for j in range(i - len(s), i + 1)}
+    tokens = [None if e.scan_body is not None or i in in_scans else _token(e)
+              for i, e in enumerate(eqns)]
     positions: dict[Hashable, list[int]] = collections.defaultdict(list)
-    for i, e in enumerate(eqns):
-        if e.scan_body is None and i not in in_scans:
-            positions[_token(e)].append(i)
+    for i in range(len(eqns) - _WINDOW + 1):
+        if None not in (run := tuple(tokens[i:i + _WINDOW])):
+            positions[run].append(i)
     counts = collections.Counter(len(p) for p in positions.values() if len(p) >= 2)
-    if not counts:
-        return ()
-    layers = max(counts, key=lambda k: (counts[k], k))
-    family = [p for p in positions.values() if len(p) == layers]
     crossing = crossing_bytes(program)
-    phase = min(family, key=lambda p: (int(crossing[p].sum()), p))
-    end = max(p[-1] for p in family) + 1
-    return tuple(sorted({*phase, end} - {0, len(eqns)}))
+    for layers in sorted(counts, key=lambda k: (counts[k], k), reverse=True):
+        family = [p for p in positions.values() if len(p) == layers]
+        phases = [p for p in family if 2 * sum(_interleaved(q, p) for q in family) > len(family)]
+        if phases:
+            phase = min(phases, key=lambda p: (int(crossing[p].sum()), p))
+            end = max(p[-1] for p in family) + _WINDOW
+            return tuple(sorted({*phase, end} - {0, len(eqns)}))
+    return ()
+
+
+def _interleaved(occurrences: list[int], starts: list[int]) -> bool:
+    """Whether the ``k``-th of ``occurrences`` falls in the ``k``-th layer that ``starts``
+    begin (the last running to the end; a layer's code before its start in the first)."""
+    bounds = [*starts[1:], math.inf]
+    return all(q < b for q, b in zip(occurrences, bounds, strict=True)) and all(
+        q >= a for q, a in zip(occurrences[1:], starts[1:], strict=True))
 
 
 def segment_cuts(program: Program) -> tuple[int, ...]:
