@@ -460,14 +460,15 @@ _CORPUS_POLICIES = ("no checkpoint", "dots_saveable", "nothing_saveable")
 def _bench_models(names: tuple[str, ...], corpus_dir: pathlib.Path | None
                   ) -> list[zoo.ZooModel]:
     """The models ``autoremat bench`` sweeps."""
+    corpus = zoo.ZOO if corpus_dir is None else _load_corpus(corpus_dir)
     if corpus_dir is None:
-        return [zoo.get(name) for name in names or ("gpt2-small",)]
-    corpus = _load_corpus(corpus_dir)
+        names = names or ("gpt2-small",)
     if not names:
         return [m for name, m in corpus.items() if not name.endswith("-tiny")]
     unknown = [n for n in names if n not in corpus]
     if unknown:
-        raise click.BadParameter(f"not in the corpus: {', '.join(unknown)}; known: "
+        where = "the zoo" if corpus_dir is None else "the corpus"
+        raise click.BadParameter(f"not in {where}: {', '.join(unknown)}; known: "
                                  f"{', '.join(corpus)}", param_hint="--model")
     return [corpus[n] for n in names]
 

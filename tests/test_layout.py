@@ -62,9 +62,9 @@ def test_unit_dimensions_are_dropped():
     assert _layout.array_bytes((2048, 1), 4, "tpu") == 8192
 
 
-def _graph(fn, *args, layout):
+def _graph(fn, *args, layout, placement=None):
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, {})
-    return _trace.trace(flat_fn, avals, layout=layout)[2]
+    return _trace.trace(flat_fn, avals, placement, layout=layout)[2]
 
 
 def _mlp_loss(w, x):
@@ -73,6 +73,12 @@ def _mlp_loss(w, x):
 
 
 W, X = jax.ShapeDtypeStruct((64, 64), jnp.float32), jax.ShapeDtypeStruct((512, 64), jnp.float32)
+
+
+def _deep_loss(w, x):
+    for _ in range(6):
+        x = jnp.tanh(x @ w)
+    return jnp.sum(x ** 2)
 
 
 @pytest.mark.parametrize("layout, row, scalar, args", [
@@ -89,7 +95,7 @@ def test_exact_bytes_of_a_small_function(layout, row, scalar, args):
 
 
 def test_tpu_plan_fits_its_budget_under_the_model_and_is_deterministic():
-    plans = [autoremat.plan(_mlp_loss, W, X, budget=0.8, layout="tpu") for _ in range(2)]
+    plans = [autoremat.plan(_deep_loss, W, X, budget=0.8, layout="tpu") for _ in range(2)]
     p = plans[0]
     assert p == plans[1] and p.layout == "tpu" and p.recomputed
     problem = _solve.problem_of(p.graph)
@@ -97,7 +103,7 @@ def test_tpu_plan_fits_its_budget_under_the_model_and_is_deterministic():
     save, recompute = np.isin(ids, list(p.saved)), np.isin(ids, list(p.recomputed))
     _, peak = ilp.evaluate(problem, save, recompute)
     assert peak == p.peak_bytes <= p.budget_bytes
-    dense = autoremat.plan(_mlp_loss, W, X, budget=0.8)
+    dense = autoremat.plan(_deep_loss, W, X, budget=0.8)
     assert dense.layout == "dense" and dense.no_remat_peak_bytes < p.no_remat_peak_bytes
 
 
@@ -111,12 +117,12 @@ def test_bad_layout_names_the_accepted_values(call):
 
 
 def test_policy_file_keeps_the_layout(tmp_path):
-    p = autoremat.plan(_mlp_loss, W, X, budget=0.8, layout="tpu")
+    p = autoremat.plan(_deep_loss, W, X, budget=0.8, layout="tpu")
     p.save(tmp_path / "plan.json")
-    loaded = autoremat.load_plan(tmp_path / "plan.json", _mlp_loss, W, X)
+    loaded = autoremat.load_plan(tmp_path / "plan.json", _deep_loss, W, X)
     assert loaded.layout == "tpu" and loaded.peak_bytes == p.peak_bytes
     _, differences = PolicyFile.read(tmp_path / "plan.json").locate(
-        _graph(_mlp_loss, W, X, layout="dense"))
+        _graph(_deep_loss, W, X, layout="dense", placement=p.placement))
     assert "layout: tpu in the file, dense in the function's trace" in differences
 
 

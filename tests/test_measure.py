@@ -159,7 +159,7 @@ def test_refined_plan_fits_and_recomputes_no_more_than_the_first_that_fit():
 
 
 @needs_libtpu
-def test_verified_floor_is_the_lowest_on_the_compiler_of_the_floor_plans_near_the_model_floor():
+def test_verified_floor_is_the_lowest_on_the_compiler_of_the_floor_plans_and_obvious_plans():
     loss, args = _bf16_tiny_gpt2()
     flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
     options = autoremat.PlanOptions()
@@ -168,7 +168,9 @@ def test_verified_floor_is_the_lowest_on_the_compiler_of_the_floor_plans_near_th
                                 _closed_loop.MODEL_ERROR)
     assert len(floors) > 1  # two placements within the model's error of its floor
     assert floors[0].saved == autoremat.plan(loss, *args, budget="floor").saved
-    real = [_measure.measure_step(f.apply(loss), *args).peak_bytes for f in floors]
+    # Beside no remat and one remat per layer, which the compiler may put lower.
+    contenders = [*floors, *_candidates.obvious_plans(found, options)]
+    real = [_measure.measure_step(f.apply(loss), *args).peak_bytes for f in contenders]
     p = autoremat.plan(loss, *args, budget="floor", verify="tpu-v5e")
     assert p.verified_peak_bytes == min(real) == _measure.measure_step(
         p.apply(loss), *args).peak_bytes <= p.budget_bytes

@@ -59,6 +59,12 @@ def candidates(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], options
     return found
 
 
+def no_remat_peak(found: Sequence[Candidate], options: PlanOptions) -> int:
+    """The peak of no remat: the least over the placements ``found`` (the model of a
+    placement with larger regions holds more at once, though no remat is one step)."""
+    return min(_solve.no_remat(*c.problem(options)).peak_bytes for c in found)
+
+
 def obvious_plans(found: Sequence[Candidate], options: PlanOptions) -> list[Plan]:
     """The plans a user tries by hand: no remat, and one remat per layer keeping only its
     input (``jax.checkpoint(layer, policy=nothing_saveable)`` on every layer, at
@@ -67,11 +73,11 @@ def obvious_plans(found: Sequence[Candidate], options: PlanOptions) -> list[Plan
     solves); the compiler may differ, so a verified floor is compared with them."""
     whole = found[0]
     layers = Candidate(whole.facts, Placement(_trace.layer_cuts(whole.facts.program)))
+    no_remat = no_remat_peak(found, options)
     plans = []
     for candidate, fixed in ((whole, _solve.no_remat), (layers, _solve.remat_all)):
         graph, problem = candidate.problem(options)
         d = dataclasses.replace(fixed(graph, problem), status="feasible")
-        no_remat = _solve.no_remat(graph, problem).peak_bytes
         plans.append(plan_of(graph, d, d.peak_bytes, no_remat, options))
     return plans
 

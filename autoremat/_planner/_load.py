@@ -15,7 +15,7 @@ import numpy as np
 from autoremat import _rewrite, _solve, _trace
 from autoremat._graph import Graph
 from autoremat._plan import Plan
-from autoremat._planner._candidates import plan_of
+from autoremat._planner._candidates import candidates, no_remat_peak, plan_of
 from autoremat._planner._options import PlanOptions
 from autoremat._policy_file import PolicyFile
 from autoremat._sites import Site
@@ -66,8 +66,9 @@ def load_plan(path: str | os.PathLike, fn: Any, *args: Any, **kwargs: Any) -> Pl
     if differences:
         raise policy.mismatch(os.fspath(path), differences)
     assert d is not None  # located and evaluated without differences
-    no_remat = _solve.no_remat(graph, _solve.problem_of(graph)).peak_bytes
-    plan = plan_of(graph, d, policy.budget_bytes, no_remat, PlanOptions(offload=policy.offload))
+    options = PlanOptions(offload=policy.offload, layout=policy.layout)
+    no_remat = no_remat_peak(candidates(flat_fn, avals, options), options)
+    plan = plan_of(graph, d, policy.budget_bytes, no_remat, options)
     return dataclasses.replace(plan, verified_peak_bytes=policy.verified_peak_bytes,
                                verify_target=policy.target)
 

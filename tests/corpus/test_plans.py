@@ -1,0 +1,57 @@
+"""autoremat on the corpus's third-party models (``bench/corpus``, small variants): plans
+keep the gradients, save what they say, and the floor is at or below the user's own line."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import autoremat
+from autoremat import _measure, _rewrite
+from autoremat._planner import PlanOptions
+from autoremat._planner._candidates import candidates, obvious_plans
+from bench import corpus
+from tests.models import saved_residuals
+
+TINY = sorted(name for name in corpus.CORPUS if name.endswith("-tiny"))
+
+
+def _kept_bytes(fn, *args) -> int:
+    return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, src in saved_residuals(fn, *args)
+               if not src.startswith("from the argument"))
+
+
+def _grads(fn, args):
+    return jax.grad(fn, argnums=_measure.float_argnums(args))(*args)
+
+
+@pytest.fixture(scope="module", params=TINY)
+def model(request):
+    m = corpus.get(request.param)
+    params, batch = m.init(jax.random.key(0))
+    return m, m.make_loss(), (params, batch)
+
+
+def test_the_corpus_has_every_library():
+    libraries = {name.split("-")[0] for name in TINY}
+    assert {"linen", "nnx", "eqx", "keras", "penzai"} <= libraries, corpus.MISSING
+
+
+def test_floor_is_at_or_below_no_remat_and_one_remat_per_layer(model):
+    _, loss, args = model
+    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
+    no_remat, per_layer = obvious_plans(candidates(flat_fn, avals, PlanOptions()), PlanOptions())
+    floor = autoremat.plan(loss, *args, budget="floor")
+    assert floor.peak_bytes <= per_layer.peak_bytes <= no_remat.peak_bytes
+
+
+@pytest.mark.parametrize("budget", ["floor", 0.5])
+def test_plans_keep_the_gradients_and_save_what_they_say(model, budget):
+    _, loss, args = model
+    plan = autoremat.plan(loss, *args, budget=budget)
+    optimized = plan.apply(loss)
+    assert plan.saved_bytes == _kept_bytes(optimized, *args)
+    for a, b in zip(jax.tree.leaves(_grads(optimized, args)), jax.tree.leaves(_grads(loss, args)),
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
