@@ -41,6 +41,22 @@ def corpus_model(name: str, description: str, make_loss: Callable[..., Callable]
                     init=jit_fast(init) if jit_init else init, names=())
 
 
+def registered(configs: dict[str, Any], module: Any, *, shapes_of_config: bool = False,
+               jit_init: bool = True) -> list[ZooModel]:
+    """:func:`corpus_model` for each ``name: config`` from a corpus file ``module``, which
+    defines ``describe``, ``make_loss`` and ``init`` of a config (and, with
+    ``shapes_of_config``, ``param_shapes`` and ``batch_shapes`` of one)."""
+
+    def model(name: str, c: Any) -> ZooModel:
+        shapes = ((lambda: module.param_shapes(c)), (lambda: module.batch_shapes(c))
+                  ) if shapes_of_config else (None, None)
+        return corpus_model(name, module.describe(c),
+                            lambda layer_policy=None: module.make_loss(c, layer_policy),
+                            lambda key: module.init(c, key), *shapes, jit_init=jit_init)
+
+    return [model(name, c) for name, c in configs.items()]
+
+
 def jit_fast(fn: Callable) -> Callable:
     """``jax.jit(fn)``, compiled without LLVM's expensive optimizations on the CPU (their
     random initializers compile for seconds otherwise, and run once)."""
@@ -59,6 +75,13 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Mean cross-entropy of integer ``labels`` under ``logits`` (classes last), in float32."""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.take_along_axis(logp, labels[..., None], axis=-1).mean()
+
+
+def is_float_leaf(x: Any) -> bool:
+    """Float arrays, concrete or abstract (``jax.ShapeDtypeStruct``): ``eqx.is_inexact_array``
+    for a model made by ``eqx.filter_eval_shape`` too."""
+    return isinstance(x, jax.Array | jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype,
+                                                                              jnp.inexact)
 
 
 def dtype_name(dtype: Any) -> str:

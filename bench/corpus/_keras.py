@@ -17,7 +17,6 @@ Keras's own ``keras.remat`` (the tests check it saves what ``nothing_saveable`` 
 from __future__ import annotations
 
 import os
-import random
 import sys
 
 if "keras" not in sys.modules:
@@ -30,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
+
+from bench.corpus._common import jit_fast
 
 if keras.backend.backend() != "jax":
     raise RuntimeError(
@@ -68,7 +69,7 @@ def remat_scope(policy: Callable | str | None, block_names: Sequence[str]) -> An
     """The ``keras.RematScope`` to make the blocks in: the named layers rematerialized (none
     when ``policy`` is None)."""
     if policy is None:
-        return keras.RematScope(mode=None)
+        return keras.RematScope(mode=None)  # pyright: ignore[reportArgumentType]
     return keras.RematScope(mode="list_of_layers", layer_names=list(block_names))
 
 
@@ -96,21 +97,27 @@ def stateless_apply(model: keras.Model, *, training: bool = False) -> Callable:
 
     def apply(params: dict[str, jax.Array], x: Any) -> Any:
         trainable = [params[v.path] for v in model.trainable_variables]
-        out, _ = model.stateless_call(trainable, non_trainable, x, training=training)
+        out, _ = model.stateless_call(trainable, non_trainable, x, training=training)  # pyright: ignore
         return out
 
     return apply
 
 
 def init_params(build: Callable[[], keras.Model], key: jax.Array) -> dict[str, jax.Array]:
-    """The trainable variables of ``build()``, made by Keras's own initializers under a
-    seed drawn from ``key`` (``keras.utils.set_random_seed``, which also seeds Python's and
-    NumPy's global generators: their states are put back after)."""
-    python_state, numpy_state = random.getstate(), np.random.get_state()
-    try:
-        keras.utils.set_random_seed(int(jax.random.randint(key, (), 0, 2**31 - 1)))
-        model = build()
-    finally:
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
-    return {v.path: jnp.asarray(v.value) for v in model.trainable_variables}
+    """The trainable variables of ``build()`` by path, each made by its own Keras
+    initializer, reseeded from ``key``, all in one compiled function (eagerly, every
+    initializer compiles programs of its own: tens of seconds)."""
+    variables = abstract(build).trainable_variables
+    seeds = np.asarray(jax.random.randint(key, (len(variables),), 0, 2**31 - 1)).tolist()
+
+    def reseeded(initializer: Any, seed: int) -> Any:
+        config = initializer.get_config() if isinstance(
+            initializer, keras.initializers.Initializer) else {}
+        return type(initializer).from_config({**config, "seed": seed}) if "seed" in config \
+            else initializer
+
+    def make() -> dict[str, jax.Array]:
+        return {v.path: jnp.asarray(reseeded(v._initializer, seed)(tuple(v.shape), v.dtype))  # pyright: ignore
+                for v, seed in zip(variables, seeds, strict=True)}
+
+    return jit_fast(make)()

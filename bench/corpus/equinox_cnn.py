@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from bench.corpus._common import corpus_model, cross_entropy, dtype_name
+from bench.corpus._common import cross_entropy, dtype_name, is_float_leaf, registered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,7 +83,8 @@ class ResNet(eqx.Module):
         for i, width in enumerate(c.widths):
             for j in range(c.blocks_per_stage):
                 stride = 2 if i > 0 and j == 0 else 1
-                blocks.append(ResBlock(c_in, width, stride, c.groups, c.dtype, k_blocks[len(blocks)]))
+                blocks.append(ResBlock(c_in, width, stride, c.groups, c.dtype,
+                                       k_blocks[len(blocks)]))
                 c_in = width
         self.blocks = tuple(blocks)
         self.head = eqx.nn.Linear(c_in, c.n_classes, dtype=c.dtype, key=k_head)
@@ -99,15 +101,10 @@ def _call(block: ResBlock, x: jax.Array) -> jax.Array:
     return block(x)
 
 
-def _is_float_leaf(x: Any) -> bool:
-    """Float arrays, concrete or abstract (``jax.ShapeDtypeStruct``)."""
-    return isinstance(x, jax.Array | jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype,
-                                                                              jnp.inexact)
-
 
 @functools.cache
 def _static(c: EqxCNNConfig) -> Any:
-    return eqx.partition(eqx.filter_eval_shape(ResNet, c, jax.random.key(0)), _is_float_leaf)[1]
+    return eqx.partition(eqx.filter_eval_shape(ResNet, c, jax.random.key(0)), is_float_leaf)[1]
 
 
 def make_loss(c: EqxCNNConfig, layer_policy: Callable | None = None) -> Callable:
@@ -142,6 +139,4 @@ def describe(c: EqxCNNConfig) -> str:
 
 def models() -> list:
     """``eqx-cnn`` and ``eqx-cnn-tiny``."""
-    return [corpus_model(name, describe(c), lambda layer_policy=None, c=c: make_loss(c, layer_policy),
-                         lambda key, c=c: init(c, key))
-            for name, c in (("eqx-cnn", FULL), ("eqx-cnn-tiny", TINY))]
+    return registered({"eqx-cnn": FULL, "eqx-cnn-tiny": TINY}, sys.modules[__name__])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from bench.corpus._common import corpus_model, cross_entropy, dtype_name
+from bench.corpus._common import cross_entropy, dtype_name, is_float_leaf, registered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,16 +45,11 @@ def _build(c: EqxMLPConfig, key: jax.Array) -> eqx.nn.MLP:
                       dtype=c.dtype, key=key)
 
 
-def _is_float_leaf(x: Any) -> bool:
-    """Float arrays, concrete or abstract (``jax.ShapeDtypeStruct``)."""
-    return isinstance(x, jax.Array | jax.ShapeDtypeStruct) and jnp.issubdtype(x.dtype,
-                                                                              jnp.inexact)
-
 
 @functools.cache
 def _static(c: EqxMLPConfig) -> Any:
     """The non-array part of the model (``eqx.partition``'s second half)."""
-    return eqx.partition(eqx.filter_eval_shape(_build, c, jax.random.key(0)), _is_float_leaf)[1]
+    return eqx.partition(eqx.filter_eval_shape(_build, c, jax.random.key(0)), is_float_leaf)[1]
 
 
 def _hidden(layer: eqx.nn.Linear, activation: Callable, x: jax.Array) -> jax.Array:
@@ -99,6 +95,4 @@ def describe(c: EqxMLPConfig) -> str:
 
 def models() -> list:
     """``eqx-mlp`` and ``eqx-mlp-tiny``."""
-    return [corpus_model(name, describe(c), lambda layer_policy=None, c=c: make_loss(c, layer_policy),
-                         lambda key, c=c: init(c, key))
-            for name, c in (("eqx-mlp", FULL), ("eqx-mlp-tiny", TINY))]
+    return registered({"eqx-mlp": FULL, "eqx-mlp-tiny": TINY}, sys.modules[__name__])

@@ -10,6 +10,7 @@ With a layer policy every block is an ``nn.remat`` of the block class.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bench.corpus._common import corpus_model, cross_entropy, dtype_name
+from bench.corpus._common import cross_entropy, dtype_name, registered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,4 @@ def describe(c: LinenCNNConfig) -> str:
 
 def models() -> list:
     """``linen-cnn`` and ``linen-cnn-tiny``."""
-    return [corpus_model(name, describe(c), lambda layer_policy=None, c=c: make_loss(c, layer_policy),
-                         lambda key, c=c: init(c, key))
-            for name, c in (("linen-cnn", FULL), ("linen-cnn-tiny", TINY))]
+    return registered({"linen-cnn": FULL, "linen-cnn-tiny": TINY}, sys.modules[__name__])

@@ -11,6 +11,7 @@ layer policy the scanned body is ``nn.remat(..., prevent_cse=False)``).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bench.corpus._common import corpus_model, cross_entropy, dtype_name
+from bench.corpus._common import cross_entropy, dtype_name, registered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +93,8 @@ def make_loss(c: LinenEncoderConfig, layer_policy: Callable | None = None) -> Ca
     model = Encoder(c, layer_policy)
 
     def loss(params: Any, batch: dict[str, jax.Array]) -> jax.Array:
-        return cross_entropy(model.apply({"params": params}, batch["tokens"]), batch["labels"])
+        logits: Any = model.apply({"params": params}, batch["tokens"])
+        return cross_entropy(logits, batch["labels"])
 
     return loss
 
@@ -121,6 +123,4 @@ def models() -> list:
                "linen-encoder-scan": dataclasses.replace(FULL, scan_layers=True),
                "linen-encoder-tiny": TINY,
                "linen-encoder-scan-tiny": dataclasses.replace(TINY, scan_layers=True)}
-    return [corpus_model(name, describe(c), lambda layer_policy=None, c=c: make_loss(c, layer_policy),
-                         lambda key, c=c: init(c, key))
-            for name, c in configs.items()]
+    return registered(configs, sys.modules[__name__])

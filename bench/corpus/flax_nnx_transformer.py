@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from bench.corpus._common import corpus_model, cross_entropy, dtype_name
+from bench.corpus._common import cross_entropy, dtype_name, registered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +80,7 @@ class DecoderLM(nnx.Module):
             def stack(rngs: nnx.Rngs) -> Block:
                 return Block(c, rngs)
 
-            self.blocks = stack(rngs)
+            self.blocks: Any = stack(rngs)  # one Block, its parameters stacked on axis 0
         else:
             self.blocks = nnx.List([Block(c, rngs) for _ in range(c.n_layer)])
         self.ln_final = nnx.LayerNorm(c.d_model, **kw)
@@ -145,6 +146,4 @@ def models() -> list:
                "nnx-transformer-scan": dataclasses.replace(FULL, scan_layers=True),
                "nnx-transformer-tiny": TINY,
                "nnx-transformer-scan-tiny": dataclasses.replace(TINY, scan_layers=True)}
-    return [corpus_model(name, describe(c), lambda layer_policy=None, c=c: make_loss(c, layer_policy),
-                         lambda key, c=c: init(c, key))
-            for name, c in configs.items()]
+    return registered(configs, sys.modules[__name__])

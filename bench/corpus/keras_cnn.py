@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from bench.corpus import _keras
-from bench.corpus._common import corpus_model, dtype_name
+from bench.corpus._common import dtype_name, registered
 from bench.corpus._keras import keras
 
 
@@ -48,7 +49,7 @@ class ResidualBlock(_keras.RematBlock):
 
     def __init__(self, filters: int, strides: int, project: bool, **kwargs: Any):
         super().__init__(**kwargs)
-        kw = {"use_bias": False, "padding": "same", "dtype": self.dtype_policy}
+        kw: dict[str, Any] = {"use_bias": False, "padding": "same", "dtype": self.dtype_policy}
         self.conv1 = keras.layers.Conv2D(filters, 3, strides, name="conv1", **kw)
         self.bn1 = keras.layers.BatchNormalization(name="bn1", dtype=self.dtype_policy)
         self.conv2 = keras.layers.Conv2D(filters, 3, 1, name="conv2", **kw)
@@ -96,15 +97,20 @@ def make_loss(c: KerasCNNConfig, layer_policy: Callable | str | None = None) -> 
 
     def loss(params: dict[str, jax.Array], batch: dict[str, jax.Array]) -> jax.Array:
         logits = apply(params, batch["images"]).astype(jnp.float32)
-        return keras.losses.sparse_categorical_crossentropy(batch["labels"], logits,
-                                                            from_logits=True).mean()
+        nll: Any = keras.losses.sparse_categorical_crossentropy(batch["labels"], logits,
+                                                                from_logits=True)
+        return jnp.mean(nll)
 
     return loss
 
 
-@functools.cache
 def param_shapes(c: KerasCNNConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """The trainable variables by path, from a model built without values."""
+    return dict(_param_shapes(c))
+
+
+@functools.cache
+def _param_shapes(c: Any) -> dict[str, jax.ShapeDtypeStruct]:
     return _keras.param_shapes(_keras.abstract(lambda: build(c)))
 
 
@@ -135,7 +141,5 @@ def describe(c: KerasCNNConfig) -> str:
 
 def models() -> list:
     """``keras-cnn`` and ``keras-cnn-tiny``."""
-    return [corpus_model(name, describe(c), lambda layer_policy=None, c=c: make_loss(c, layer_policy),
-                         lambda key, c=c: init(c, key), lambda c=c: dict(param_shapes(c)),
-                         lambda c=c: batch_shapes(c), jit_init=False)
-            for name, c in (("keras-cnn", FULL), ("keras-cnn-tiny", TINY))]
+    return registered({"keras-cnn": FULL, "keras-cnn-tiny": TINY}, sys.modules[__name__],
+                      shapes_of_config=True, jit_init=False)

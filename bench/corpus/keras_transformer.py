@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from bench.corpus import _keras
-from bench.corpus._common import corpus_model, dtype_name
+from bench.corpus._common import dtype_name, registered
 from bench.corpus._keras import keras
 
 
@@ -54,7 +55,7 @@ class TokenAndPositionEmbedding(keras.layers.Layer):
                                                 dtype=self.dtype_policy)
 
     def call(self, tokens: Any) -> Any:
-        positions = keras.ops.arange(keras.ops.shape(tokens)[-1])
+        positions = keras.ops.arange(tokens.shape[-1])
         return self.tokens(tokens) + self.positions(positions)
 
 
@@ -63,7 +64,7 @@ class TransformerBlock(_keras.RematBlock):
 
     def __init__(self, c: KerasTransformerConfig, **kwargs: Any):
         super().__init__(**kwargs)
-        kw = {"dtype": self.dtype_policy}
+        kw: dict[str, Any] = {"dtype": self.dtype_policy}
         self.ln_attn = keras.layers.LayerNormalization(name="ln_attn", **kw)
         self.attn = keras.layers.MultiHeadAttention(c.n_head, c.d_model // c.n_head, name="attn",
                                                     **kw)
@@ -98,15 +99,20 @@ def make_loss(c: KerasTransformerConfig, layer_policy: Callable | str | None = N
 
     def loss(params: dict[str, jax.Array], batch: dict[str, jax.Array]) -> jax.Array:
         logits = apply(params, batch["tokens"]).astype(jnp.float32)
-        return keras.losses.sparse_categorical_crossentropy(batch["targets"], logits,
-                                                            from_logits=True).mean()
+        nll: Any = keras.losses.sparse_categorical_crossentropy(batch["targets"], logits,
+                                                                from_logits=True)
+        return jnp.mean(nll)
 
     return loss
 
 
-@functools.cache
 def param_shapes(c: KerasTransformerConfig) -> dict[str, jax.ShapeDtypeStruct]:
     """The trainable variables by path, from a model built without values."""
+    return dict(_param_shapes(c))
+
+
+@functools.cache
+def _param_shapes(c: Any) -> dict[str, jax.ShapeDtypeStruct]:
     return _keras.param_shapes(_keras.abstract(lambda: build(c)))
 
 
@@ -133,7 +139,5 @@ def describe(c: KerasTransformerConfig) -> str:
 
 def models() -> list:
     """``keras-transformer`` and ``keras-transformer-tiny``."""
-    return [corpus_model(name, describe(c), lambda layer_policy=None, c=c: make_loss(c, layer_policy),
-                         lambda key, c=c: init(c, key), lambda c=c: dict(param_shapes(c)),
-                         lambda c=c: batch_shapes(c), jit_init=False)
-            for name, c in (("keras-transformer", FULL), ("keras-transformer-tiny", TINY))]
+    return registered({"keras-transformer": FULL, "keras-transformer-tiny": TINY},
+                      sys.modules[__name__], shapes_of_config=True, jit_init=False)

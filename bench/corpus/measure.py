@@ -52,7 +52,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--model", action="append",
                         help="a FULL corpus model (repeatable); default: all of them")
     parser.add_argument("--target", default="tpu-v5e")

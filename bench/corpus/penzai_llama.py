@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,7 @@ from penzai.models.transformer import model_parts
 from penzai.models.transformer.variants import llamalike_common
 from penzai.toolshed import gradient_checkpointing
 
-from bench.corpus._common import corpus_model, cross_entropy, dtype_name
+from bench.corpus._common import cross_entropy, dtype_name, registered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +72,7 @@ def _values(c: PenzaiLlamaConfig, key: jax.Array) -> tuple[pz.ParameterValue, ..
 
 
 @functools.cache
-def _value_tree(c: PenzaiLlamaConfig) -> tuple[jax.tree_util.PyTreeDef, tuple[str, ...]]:
+def _value_tree(c: PenzaiLlamaConfig) -> tuple[Any, tuple[str, ...]]:
     """The tree of parameter values (one array leaf each) and their labels in order."""
     values = jax.eval_shape(lambda key: _values(c, key), jax.random.key(0))
     return jax.tree.structure(values), tuple(v.label for v in values)
@@ -118,6 +119,4 @@ def models() -> list:
                "penzai-llama-stack": dataclasses.replace(FULL, layer_stack=True),
                "penzai-llama-tiny": TINY,
                "penzai-llama-stack-tiny": dataclasses.replace(TINY, layer_stack=True)}
-    return [corpus_model(name, describe(c), lambda layer_policy=None, c=c: make_loss(c, layer_policy),
-                         lambda key, c=c: init(c, key))
-            for name, c in configs.items()]
+    return registered(configs, sys.modules[__name__])
