@@ -1,0 +1,1 @@
+"""Tests of the third-party model corpus (``bench/corpus``)."""
