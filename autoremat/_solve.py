@@ -186,8 +186,12 @@ def remat_all(graph: Graph, problem: ilp.Problem) -> Decisions:
     """The plan that saves only what it must (what other regions read, and what cannot be
     recomputed) and recomputes the rest: one ``jax.checkpoint(policy=nothing_saveable)``
     per region, what a user writes by hand with the regions at the layers."""
-    save = problem.must_save | (problem.must_cover & problem.can_save & ~problem.can_recompute)
-    save, recompute, _ = ilp.prune(problem, save, problem.can_recompute & ~save)
+    save = problem.must_save | (problem.can_save & ~problem.can_recompute)
+    recompute = problem.can_recompute & ~save
+    u, v = problem.edges.T
+    across = recompute[v] & (problem.region[u] != problem.region[v]) & problem.can_save[u]
+    save[u[across]] = True  # a region's recompute reads another region's values saved
+    save, recompute, _ = ilp.prune(problem, save, recompute & ~save)
     return _fixed(graph, problem, save, recompute)
 
 

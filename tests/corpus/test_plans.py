@@ -3,12 +3,13 @@ keep the gradients, save what they say, and the floor is at or below the user's 
 
 from __future__ import annotations
 
+import autoremat_ilp as ilp
 import jax
 import numpy as np
 import pytest
 
 import autoremat
-from autoremat import _measure, _rewrite
+from autoremat import _measure, _rewrite, _solve
 from autoremat._planner import PlanOptions
 from autoremat._planner._candidates import candidates, obvious_plans
 from bench import corpus
@@ -42,13 +43,25 @@ def test_floor_is_at_or_below_no_remat_and_one_remat_per_layer(model):
     _, loss, args = model
     flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
     no_remat, per_layer = obvious_plans(candidates(flat_fn, avals, PlanOptions()), PlanOptions())
+    for p in (no_remat, per_layer):
+        assert p.graph is not None
+        ids = p.graph.array("id")
+        assert ilp.violations(_solve.problem_of(p.graph), np.isin(ids, list(p.saved)),
+                              np.isin(ids, list(p.recomputed))) == []
     floor = autoremat.plan(loss, *args, budget="floor")
     assert floor.peak_bytes <= per_layer.peak_bytes <= no_remat.peak_bytes
 
 
-@pytest.mark.parametrize("budget", ["floor", 0.5])
-def test_plans_keep_the_gradients_and_save_what_they_say(model, budget):
-    _, loss, args = model
+@pytest.mark.parametrize("budget", ["floor", "middle"])
+def test_plans_keep_the_gradients_and_save_what_they_say(model, budget, request):
+    m, loss, args = model
+    if m.name.startswith("penzai"):
+        # A known defect (issue 20): JAX keeps 8 to 36 bytes of scalars more than the
+        # plan counts on penzai's models. Strict: the test fails once they are counted.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="penzai scalar residuals"))
+    if budget == "middle":  # halfway from the floor to no remat
+        floor = autoremat.plan(loss, *args, budget="floor")
+        budget = (floor.peak_bytes + floor.no_remat_peak_bytes) // 2
     plan = autoremat.plan(loss, *args, budget=budget)
     optimized = plan.apply(loss)
     assert plan.saved_bytes == _kept_bytes(optimized, *args)
