@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Hashable
 
 import jax._src.source_info_util as source_info_util
 import numpy as np
@@ -44,15 +43,20 @@ def crossing_bytes(program: Program) -> np.ndarray:
     return np.cumsum(delta)[:len(eqns) + 1]
 
 
-def _token(eqn: Eqn) -> Hashable:
+# An equation's primitive and the (file, line) of its user source frames.
+_Token = tuple[str, tuple[tuple[str, int], ...]]
+
+
+def _token(eqn: Eqn) -> _Token:
     """What an equation is, up to which call made it: its primitive and the user source
     frames it was traced from (line numbers, not columns)."""
     frames = source_info_util.user_frames(eqn.source_info.traceback)
     return eqn.primitive.name, tuple((f.file_name, f.start_line) for f in frames)
 
 
-# Equations per token of :func:`layer_cuts`: a run of a few is specific to its place in a
-# layer even where the library's code hides every source line (penzai).
+# Equations per token of :func:`layer_cuts` where single equations' source lines do not
+# tell the layers' code apart: a run of a few is specific to its place in a layer even
+# where the library's code hides every source line (Equinox, penzai).
 _WINDOW = 4
 
 
@@ -60,34 +64,53 @@ def layer_cuts(program: Program) -> tuple[int, ...]:
     """Equation indices at which the program's repeated layers start, and where the code
     after the last one starts; ``()`` where nothing repeats.
 
-    A token is a run of ``_WINDOW`` consecutive equations (each its primitive and source
-    frames, :func:`_token`). The layers' tokens are those that occur ``k`` times, for the
-    ``k`` (at least 2) that the most tokens share (on a tie, the larger) among those where
-    the recurrences of one of the tokens begin layers that hold one recurrence of most of
-    the others each (code run twice per layer, a normalization's two reductions, does not
-    qualify). Each recurs once per layer; the cuts are the recurrences of the one the
-    fewest bytes cross (:func:`crossing_bytes`), then the end of the last layer. Scans,
-    and the slices of their inputs made for them, are regions of their own, not tokens.
+    A token is one equation (its primitive and source frames, :func:`_token`) or, where
+    the layers found so differ in no source line, a run of ``_WINDOW`` of them. The
+    layers' tokens are those that occur ``k`` times, for the ``k`` (at least 2) that the
+    most tokens share (on a tie, the larger) among those where the recurrences of one of
+    the tokens begin layers that hold one recurrence of most of the others each (code run
+    twice per layer, a normalization's two reductions, does not qualify). Each recurs once
+    per layer; the cuts are the recurrences of the one the fewest bytes cross
+    (:func:`crossing_bytes`), then the end of the last layer. Scans, and the slices of
+    their inputs made for them, are regions of their own, not tokens.
     """
     eqns = program.eqns
     in_scans = {j for i, s in scan_input_slices(program).items()
                 for j in range(i - len(s), i + 1)}
     tokens = [None if e.scan_body is not None or i in in_scans else _token(e)
               for i, e in enumerate(eqns)]
-    positions: dict[Hashable, list[int]] = collections.defaultdict(list)
-    for i in range(len(eqns) - _WINDOW + 1):
-        if None not in (run := tuple(tokens[i:i + _WINDOW])):
-            positions[run].append(i)
-    counts = collections.Counter(len(p) for p in positions.values() if len(p) >= 2)
     crossing = crossing_bytes(program)
-    for layers in sorted(counts, key=lambda k: (counts[k], k), reverse=True):
-        family = [p for p in positions.values() if len(p) == layers]
-        phases = [p for p in family if 2 * sum(_interleaved(q, p) for q in family) > len(family)]
-        if phases:
-            phase = min(phases, key=lambda p: (int(crossing[p].sum()), p))
-            end = max(p[-1] for p in family) + _WINDOW
+    for window in (1, _WINDOW):
+        positions: dict[tuple[_Token, ...], list[int]] = collections.defaultdict(list)
+        for i in range(len(eqns) - window + 1):
+            run = tuple(t for t in tokens[i:i + window] if t is not None)
+            if len(run) == window:
+                positions[run].append(i)
+        family = _layer_family(positions)
+        lines = {frames for run in family for _, frames in run}
+        if family and (window > 1 or len(lines) > 1):
+            phase = min((p for p in family.values() if _begins_layers(p, family)),
+                        key=lambda p: (int(crossing[p].sum()), p))
+            end = max(p[-1] for p in family.values()) + window
             return tuple(sorted({*phase, end} - {0, len(eqns)}))
     return ()
+
+
+def _layer_family(positions: dict[tuple[_Token, ...], list[int]]
+                  ) -> dict[tuple[_Token, ...], list[int]]:
+    """The tokens of the layers among ``positions`` (each token's equation indices), as
+    :func:`layer_cuts` says; empty when there are none."""
+    counts = collections.Counter(len(p) for p in positions.values() if len(p) >= 2)
+    for layers in sorted(counts, key=lambda k: (counts[k], k), reverse=True):
+        family = {t: p for t, p in positions.items() if len(p) == layers}
+        if any(_begins_layers(p, family) for p in family.values()):
+            return family
+    return {}
+
+
+def _begins_layers(starts: list[int], family: dict[tuple[_Token, ...], list[int]]) -> bool:
+    """Whether ``starts`` begin layers holding one recurrence of most of ``family`` each."""
+    return 2 * sum(_interleaved(q, starts) for q in family.values()) > len(family)
 
 
 def _interleaved(occurrences: list[int], starts: list[int]) -> bool:
