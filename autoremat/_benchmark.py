@@ -315,6 +315,14 @@ def to_json(sweep: Sweep, command: str) -> dict[str, Any]:
             "rows": [{**dataclasses.asdict(r), **_gap_fields(sweep, r)} for r in sweep.rows]}
 
 
+def from_json(doc: dict[str, Any]) -> Sweep:
+    """The :class:`Sweep` that :func:`to_json` wrote."""
+    fields = {f.name for f in dataclasses.fields(Row)}
+    rows = tuple(Row(**{k: v for k, v in r.items() if k in fields}) for r in doc["rows"])
+    return Sweep(doc["model"], doc["description"], doc["target"], doc["floor_bytes"], rows,
+                 doc["versions"])
+
+
 def _gap_fields(sweep: Sweep, row: Row) -> dict[str, Any]:
     gap = frontier_gap(sweep, row) if row.kind == "autoremat" else None
     return {"frontier_gap": None if gap == float("inf") else gap,

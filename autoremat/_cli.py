@@ -485,7 +485,8 @@ def _load_corpus(corpus_dir: pathlib.Path) -> dict[str, zoo.ZooModel]:
 
 def _write_corpus_summary(sweeps: list[_benchmark.Sweep], out: pathlib.Path, target: str,
                           command: str) -> None:
-    """``corpus.md``, ``corpus.json`` and ``corpus.png`` in ``out``."""
+    """``corpus.md``, ``corpus.json`` and ``corpus.png`` in ``out`` (also from sweeps read
+    back with :func:`autoremat._benchmark.from_json`)."""
     table = _benchmark.hand_table(sweeps)
     lines = [f"# The corpus on {target}: autoremat against the user's hand remat\n",
              f"Made with `{command}`; versions: {json.dumps(sweeps[0].versions if sweeps else {})}."
