@@ -161,3 +161,10 @@ def test_one_remat_per_layer_is_what_the_library_remat_saves():
     g, g_hand = jax.grad(per_layer.apply(loss))(*args), jax.grad(hand_loss)(*args)
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_hand), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_zoo_resnet_gets_a_boundary_per_bottleneck_block():
+    m = autoremat.zoo.get("resnet")  # 16 bottleneck blocks, traced from shapes
+    program = _program(m.make_loss(), (m.param_shapes(), m.batch_shapes()))
+    assert len(_trace.segment_cuts(program)) <= 1  # the late narrow crossing hides them
+    assert len(_trace.layer_cuts(program)) == 16 + 1  # each block, and the head
