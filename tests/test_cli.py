@@ -333,3 +333,17 @@ def test_bench_unknown_model_is_a_usage_error(tmp_path):
     result = _run("bench", "--model", "gpt5", "--out", str(tmp_path))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "gpt2-small" in result.stderr
+
+
+def test_bench_corpus_sweeps_a_corpus_model_and_writes_the_summary(tmp_path):
+    corpus = pathlib.Path(__file__).parents[1] / "bench" / "corpus"
+    result = _run("bench", "--corpus", str(corpus), "--model", "eqx-mlp-tiny", "--target",
+                  "none", "--budgets", "2", "--out", str(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "corpus" / "eqx-mlp-tiny.json").exists()
+    summary = (tmp_path / "corpus.md").read_text()
+    assert "| model | no remat MiB | hand MiB |" in summary
+    assert "| eqx-mlp-tiny | not compiled |" in summary  # no compiler: nothing to compare
+    unknown = _run("bench", "--corpus", str(corpus), "--model", "gpt2-small",
+                   "--out", str(tmp_path))
+    assert unknown.returncode == 2 and "not in the corpus" in unknown.stderr
