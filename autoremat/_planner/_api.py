@@ -170,7 +170,8 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
     if parse_budget(budget) == FLOOR:
         floors = floor_plans(found, options, SolverClock(options.time_limit_s, len(found)),
                              MODEL_ERROR)
-        contenders = [*floors[:options.verify_rounds], *obvious_plans(found, options)]
+        contenders = [*floors[:options.verify_rounds],
+                      *obvious_plans(found, options, floors[0].no_remat_peak_bytes)]
         return verified_floor(contenders, compiled_peak, options.verify)
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
                       options.refine_rounds)

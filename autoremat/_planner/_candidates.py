@@ -65,15 +65,18 @@ def no_remat_peak(found: Sequence[Candidate], options: PlanOptions) -> int:
     return min(_solve.no_remat(*c.problem(options)).peak_bytes for c in found)
 
 
-def obvious_plans(found: Sequence[Candidate], options: PlanOptions) -> list[Plan]:
+def obvious_plans(found: Sequence[Candidate], options: PlanOptions,
+                  no_remat: int | None = None) -> list[Plan]:
     """The plans a user tries by hand: no remat, and one remat per layer keeping only its
     input (``jax.checkpoint(layer, policy=nothing_saveable)`` on every layer, at
     :func:`autoremat._trace.layer_cuts`), on the program of ``found[0]`` (scans whole).
     Under the model no floor plan is above them (both are plans at placements the planner
-    solves); the compiler may differ, so a verified floor is compared with them."""
+    solves); the compiler may differ, so a verified floor is compared with them.
+    ``no_remat``: :func:`no_remat_peak` of ``found`` where the caller has it (otherwise each
+    placement's problem is built again)."""
     whole = found[0]
     layers = Candidate(whole.facts, Placement(_trace.layer_cuts(whole.facts.program)))
-    no_remat = no_remat_peak(found, options)
+    no_remat = no_remat_peak(found, options) if no_remat is None else no_remat
     plans = []
     for candidate, fixed in ((whole, _solve.no_remat), (layers, _solve.remat_all)):
         graph, problem = candidate.problem(options)
