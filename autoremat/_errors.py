@@ -40,7 +40,8 @@ class CompilerUnavailableError(AutorematError, RuntimeError):
 
 
 class UnsupportedProgramError(AutorematError, ValueError):
-    """The function contains an operation autoremat cannot plan around."""
+    """The function contains an operation autoremat cannot plan around, or a sharding it
+    cannot compile for the target of a measurement."""
 
 
 class PlanMismatchError(AutorematError, ValueError):

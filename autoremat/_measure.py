@@ -6,8 +6,10 @@ TPU targets compile ahead of time with the TPU compiler in ``libtpu`` (``pip ins
 of a small TPU topology and compiled with two options, ``xla_msa_enable=false`` (buffers
 stay in HBM; without it large programs spend minutes in code generation and report no
 temporaries) and a huge ``xla_tpu_rematerialization_min_size_in_bytes`` (the compiler's
-own remat is off, so what is measured is the program's remat policy). The ``"gpu"`` target
-compiles for this process's own GPU.
+own remat is off, so what is measured is the program's remat policy). A step sharded over
+a mesh, by its arguments or by constraints inside it over this process's devices, is
+compiled over the same mesh rebuilt on TPU devices. The ``"gpu"`` target compiles for this
+process's own GPU.
 
 Process-level caveats of the TPU targets:
 
@@ -37,14 +39,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.extend as jax_extend
 import numpy as np
 from jax.experimental import topologies
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from autoremat._errors import CompilerUnavailableError
+from autoremat._errors import CompilerUnavailableError, UnsupportedProgramError
 from autoremat._rewrite import leaf_aval
 
-#: TPU targets and the topology compiled for (one device of it is used).
+#: TPU targets and the topology compiled for (one device of it for an unsharded step).
 TPU_TOPOLOGIES = {
     "tpu-v4": "v4:2x2x1",
     "tpu-v5e": "v5e:2x2",
@@ -202,11 +205,7 @@ def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int
     options = {**options, **extra_options}
     # Weak types kept, as for the plan (autoremat._rewrite.leaf_aval): the same program.
     avals = jax.tree.map(leaf_aval, args)
-    place = _placement(jax.tree.leaves(avals), target, device)
-    avals = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
-                                       sharding=place(x)), avals)
-    lowered = jax.jit(jax.grad(fn, argnums)).lower(*avals)
+    lowered = _lower(jax.grad(fn, argnums), avals, target, device)
     key = (hashlib.sha256(lowered.as_text().encode()).hexdigest(), target,
            tuple(sorted(options.items())))
     if key in _cache:
@@ -234,24 +233,116 @@ def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int
     return _cache[key]
 
 
-def _placement(avals: Sequence[jax.ShapeDtypeStruct], target: str,
-               device: jax.Device,  # pyright: ignore[reportInvalidTypeForm]
-               ) -> Callable[[jax.ShapeDtypeStruct], jax.sharding.Sharding]:
-    """Where each argument lives: on ``device`` for an unsharded step; for arguments
-    sharded over a mesh, on the same mesh rebuilt over a TPU topology of as many chips
-    (:func:`sharded_topology`), unsharded arguments replicated."""
-    meshes = {a.sharding.mesh for a in avals if isinstance(a.sharding, NamedSharding)}
-    if not meshes:
-        return lambda _: SingleDeviceSharding(device)
-    if len(meshes) > 1 or target not in TPU_TOPOLOGIES:
-        raise ValueError(f"a sharded step is measured on a TPU target over one mesh; got "
-                         f"target {target!r} and meshes {sorted(map(str, meshes))}")
-    (mesh,) = meshes
-    chips = topologies.get_topology_desc(topology_name=sharded_topology(target, mesh.size),
+def _lower(step: Callable, avals: Any, target: str,
+           device: jax.Device,  # pyright: ignore[reportInvalidTypeForm]
+           ) -> jax.stages.Lowered:
+    """``step`` lowered for ``target`` at ``avals``: on ``device``, or over the target's
+    counterpart (:func:`_target_mesh`) of the mesh the step is sharded over. That mesh is
+    the one of its arguments' shardings and of the concrete meshes inside the program
+    (``with_sharding_constraint`` or ``reshard`` over this process's devices, as
+    MaxText's models build them), which are replaced by the counterpart."""
+    arg_meshes = {a.sharding.mesh for a in jax.tree.leaves(avals)
+                  if isinstance(a.sharding, NamedSharding)}
+    mesh = _target_mesh(arg_meshes, target, device)
+    traced = jax.jit(step).trace(*_place(avals, device, mesh))
+    inside = _concrete_meshes(traced.jaxpr) - {mesh}
+    try:
+        if not inside:
+            return traced.lower()
+        mesh = _target_mesh(arg_meshes | inside, target, device)
+        assert mesh is not None  # the program has a mesh
+        jaxpr = _replace_meshes(traced.jaxpr, mesh)
+        flat = jax.tree.leaves(_place(avals, device, mesh))
+        return jax.jit(jax_extend.core.jaxpr_as_fun(jaxpr)).lower(*flat)
+    except ValueError as e:
+        if "incompatible devices" not in str(e):
+            raise
+        raise UnsupportedProgramError(
+            f"the step names devices of this process that autoremat cannot map to target "
+            f"{target!r} ({str(e).splitlines()[0]}). Build its shardings as NamedSharding over "
+            "a jax.sharding.Mesh (compiled over the target's devices) or over a "
+            "jax.sharding.AbstractMesh.") from None
+
+
+def _place(avals: Any, device: jax.Device,  # pyright: ignore[reportInvalidTypeForm]
+           mesh: jax.sharding.Mesh | None) -> Any:
+    """``avals`` placed on ``device``, or on ``mesh`` when the step is sharded: with their
+    own partition specs, unsharded ones replicated."""
+    def place(x: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+        sharding = (SingleDeviceSharding(device) if mesh is None else NamedSharding(
+            mesh, x.sharding.spec if isinstance(x.sharding, NamedSharding) else PartitionSpec()))
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type, sharding=sharding)
+    return jax.tree.map(place, avals)
+
+
+def _target_mesh(meshes: set[jax.sharding.Mesh | jax.sharding.AbstractMesh], target: str,
+                 device: jax.Device,  # pyright: ignore[reportInvalidTypeForm]
+                 ) -> jax.sharding.Mesh | None:
+    """The mesh over ``target``'s devices (:func:`_chips`) with the axis names, sizes and
+    types of ``meshes``, which must all agree; ``None`` when there are none."""
+    shapes = {(m.axis_names, m.axis_sizes, m.axis_types) for m in meshes}
+    if len(shapes) > 1:
+        raise UnsupportedProgramError(
+            f"the step is sharded over meshes of different shapes: "
+            f"{sorted(map(str, meshes))}. autoremat compiles a sharded step over one mesh: "
+            "build its arguments' and constraints' shardings over the same axis names and sizes.")
+    if not shapes:
+        return None
+    ((names, sizes, types),) = shapes
+    chips = _chips(target, device, int(np.prod(sizes)))
+    return jax.sharding.Mesh(np.array(chips).reshape(sizes), names, axis_types=types)
+
+
+def _chips(target: str, device: jax.Device,  # pyright: ignore[reportInvalidTypeForm]
+           n: int) -> list[jax.Device]:  # pyright: ignore[reportInvalidTypeForm]
+    """``n`` devices of ``target`` for a mesh of ``n``: ``device`` for one; the first ``n``
+    of the target's TPU topology (:data:`TPU_TOPOLOGIES`) when it has as many; else those
+    of a topology of ``n`` chips (:func:`sharded_topology`)."""
+    if n == 1:
+        return [device]
+    if target not in TPU_TOPOLOGIES:
+        raise UnsupportedProgramError(
+            f"target {target!r} compiles for one device and the step is sharded over {n}: "
+            f"measure it on a TPU target, one of {sorted(TPU_TOPOLOGIES)}")
+    chips = topologies.get_topology_desc(topology_name=TPU_TOPOLOGIES[target],
                                          platform="tpu").devices
-    tpu_mesh = jax.sharding.Mesh(np.array(chips).reshape(mesh.axis_sizes), mesh.axis_names)
-    return lambda a: NamedSharding(
-        tpu_mesh, a.sharding.spec if isinstance(a.sharding, NamedSharding) else PartitionSpec())
+    if n > len(chips):
+        chips = topologies.get_topology_desc(topology_name=sharded_topology(target, n),
+                                             platform="tpu").devices
+    return list(chips[:n])
+
+
+def _concrete_meshes(jaxpr: jax_extend.core.ClosedJaxpr) -> set[jax.sharding.Mesh]:
+    """The meshes with devices in ``jaxpr``'s parameters (alone or in a NamedSharding),
+    those of the jaxprs inside it included."""
+    found: set[jax.sharding.Mesh] = set()
+    _map_meshes(jaxpr, lambda m: found.add(m) or m)
+    return found
+
+
+def _replace_meshes(jaxpr: jax_extend.core.ClosedJaxpr,
+                    mesh: jax.sharding.Mesh) -> jax_extend.core.ClosedJaxpr:
+    """``jaxpr`` with each mesh of :func:`_concrete_meshes` replaced by ``mesh``."""
+    return _map_meshes(jaxpr, lambda _: mesh)
+
+
+def _map_meshes(value: Any, f: Callable[[jax.sharding.Mesh], jax.sharding.Mesh]) -> Any:
+    """``value`` (a jaxpr, or a parameter of one of its equations) with each mesh with
+    devices ``m`` in it, alone or in a NamedSharding, replaced by ``f(m)``."""
+    if isinstance(value, jax_extend.core.ClosedJaxpr):
+        return value.replace(jaxpr=_map_meshes(value.jaxpr, f))
+    if isinstance(value, jax_extend.core.Jaxpr):
+        return value.replace(eqns=[
+            e.replace(params={k: _map_meshes(v, f) for k, v in e.params.items()})
+            for e in value.eqns])
+    if type(value) in (tuple, list):
+        return type(value)(_map_meshes(v, f) for v in value)
+    if isinstance(value, jax.sharding.Mesh) and not value.empty:
+        return f(value)
+    if isinstance(value, NamedSharding) and isinstance(value.mesh, jax.sharding.Mesh):
+        return NamedSharding(_map_meshes(value.mesh, f), value.spec,
+                             memory_kind=value.memory_kind)
+    return value
 
 
 def sharded_topology(target: str, chips: int) -> str:
@@ -259,7 +350,10 @@ def sharded_topology(target: str, chips: int) -> str:
     generation: ``"v5e:2x4"`` for 8 chips of ``"tpu-v5e"``, ``"v4:2x2x2"`` for 8 of
     ``"tpu-v4"``."""
     if chips < 4 or chips & (chips - 1):
-        raise ValueError(f"a sharded step is measured on 4, 8, 16, ... chips; its mesh has {chips}")
+        raise UnsupportedProgramError(
+            f"autoremat compiles meshes of 1 to 4 devices, or of 8, 16, 32, ..., for {target!r}; "
+            f"the step's mesh has {chips}. Shard the step over such a mesh (the compiler's "
+            "figures are per device).")
     generation, shape = TPU_TOPOLOGIES[target].split(":")
     dims = [1] * len(shape.split("x"))
     for k in range(chips.bit_length() - 1):

@@ -68,6 +68,12 @@ class Placement:
         """Whether some top-level scan runs nested."""
         return any(g > 1 for g in self.scan_groups)
 
+    @property
+    def restructures(self) -> bool:
+        """Whether the program runs otherwise than as written whatever a plan saves: some
+        scan split or nested, or segments nested."""
+        return self.splits_scans or self.nests_scans or self.segment_group > 1
+
     def to_json(self) -> dict[str, Any]:
         """The placement as JSON data (see :data:`SCHEMA`)."""
         return {"cuts": list(self.cuts), "scan_pieces": [list(p) for p in self.scan_pieces],

@@ -50,6 +50,9 @@ class Plan:
         rate (see :class:`autoremat.OffloadConfig`).
       offload: the offload configuration the plan was made with (``None``: no offload).
       layout: how its bytes are counted: ``"dense"`` or ``"tpu"`` (see :func:`plan`).
+      no_remat: the plan recomputes nothing and runs the function as written: :meth:`apply`
+        adds no checkpoint (whose barriers cost the compiler's fusion), ``saved_bytes`` are
+        the residuals JAX keeps for the function itself and ``recompute_flops`` is 0.
 
     Example:
       >>> import jax, jax.numpy as jnp, autoremat
@@ -84,6 +87,7 @@ class Plan:
     offload_flops: int = 0
     offload: OffloadConfig | None = None
     layout: Layout = "dense"
+    no_remat: bool = False
 
     @property
     def actions(self) -> dict[int, str]:
@@ -119,6 +123,8 @@ class Plan:
           PlanMismatchError: when called with arguments whose program differs from the one
             the plan was made for.
         """
+        if self.no_remat:
+            return _rewrite.as_written(fn, self.graph.fingerprint)
         return _rewrite.rewrite(fn, self.saved, self.graph.fingerprint, self.placement,
                                 self.offloaded)
 

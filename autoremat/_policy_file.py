@@ -19,7 +19,7 @@ Format (version 2; :data:`SCHEMA` is the JSON Schema)::
      "producer": {"autoremat": "0.1.0", "jax": "0.10.2"},
      "plan": {"budget_bytes", "peak_bytes", "saved_bytes", "recompute_flops",
               "no_remat_peak_bytes", "step_flops", "status", "gap", "solve_seconds",
-              "objective", "target", "verified_peak_bytes"},
+              "objective", "target", "verified_peak_bytes", "no_remat" (optional)},
      "program": {"fingerprint", "arg_bytes", "grad_bytes",
                  "placement": {"cuts", "scan_pieces", "scan_groups", "segment_group"}
                               (autoremat.Placement, absent fields at their defaults),
@@ -121,7 +121,7 @@ def _schema(version: int) -> dict[str, Any]:
                 "objective": _TEXT,
                 "target": {"type": ["string", "null"], "minLength": 1},
                 "verified_peak_bytes": {"type": ["integer", "null"], "minimum": 0},
-            }),
+            }, optional={"no_remat": {"type": "boolean"}}),
             "program": _program_record(version),
             "offload": {"oneOf": [{"type": "null"}, _record({
                 "host_budget": _POSITIVE,
@@ -187,6 +187,8 @@ class PolicyFile:
       decisions: every save, recompute and offload, in program order of their first value.
       offload: the offload configuration the plan was made with, or ``None``.
       layout: how the values' bytes are counted (``Plan.layout``).
+      no_remat: the plan runs the function as written (``Plan.no_remat``); optional in the
+        file, absent when false.
 
     Example:
       >>> import jax.numpy as jnp, autoremat
@@ -219,6 +221,7 @@ class PolicyFile:
     decisions: tuple[Decision, ...]
     offload: OffloadConfig | None = None
     layout: Layout = "dense"
+    no_remat: bool = False
 
     @property
     def num_values(self) -> int:
@@ -248,7 +251,7 @@ class PolicyFile:
             regions=tuple(RegionSummary(r.kind, r.length, int(n))
                           for r, n in zip(graph.regions, counts, strict=True)),
             decisions=decisions_of(graph, plan.actions), offload=plan.offload,
-            layout=plan.layout)
+            layout=plan.layout, no_remat=plan.no_remat)
 
     def to_json(self) -> str:
         """The file's text: objects one member a line, each decision on a line of its own."""
@@ -351,7 +354,8 @@ class PolicyFile:
             "format": FORMAT,
             "version": VERSION,
             "producer": {"autoremat": self.autoremat_version, "jax": self.jax_version},
-            "plan": {f: getattr(self, f) for f in _PLAN_FIELDS},
+            "plan": {**{f: getattr(self, f) for f in _PLAN_FIELDS},
+                     **({"no_remat": True} if self.no_remat else {})},
             "program": {"fingerprint": self.fingerprint, "arg_bytes": self.arg_bytes,
                         "grad_bytes": self.grad_bytes,
                         "placement": self.placement.to_json(),
@@ -379,7 +383,7 @@ class PolicyFile:
             grad_bytes=program["grad_bytes"],
             # Version 1 held the placement's fields in ``program`` itself.
             placement=Placement.from_json(program.get("placement", program)),
-            layout=program.get("layout", "dense"),
+            layout=program.get("layout", "dense"), no_remat=doc["plan"].get("no_remat", False),
             regions=tuple(RegionSummary(**r) for r in program["regions"]),
             decisions=tuple(Decision(
                 action=d["action"],

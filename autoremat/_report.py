@@ -38,6 +38,7 @@ class _Totals:
     placement: Placement
     layout: Layout
     offload_line: str | None = None
+    no_remat: bool = False
 
 
 def report(plan: Plan, max_rows: int = 40) -> str:
@@ -51,7 +52,7 @@ def report(plan: Plan, max_rows: int = 40) -> str:
                      g.grad_bytes, plan.verify_target, plan.verified_peak_bytes,
                      plan.saved_bytes, plan.recompute_flops, plan.step_flops, plan.status,
                      plan.gap, plan.solve_seconds, len(g.values), len(g.regions),
-                     plan.placement, plan.layout, offload_line)
+                     plan.placement, plan.layout, offload_line, plan.no_remat)
     return _format(totals, decisions_of(g, plan.actions), max_rows)
 
 
@@ -66,7 +67,7 @@ def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
     totals = _Totals(p.budget_bytes, p.peak_bytes, p.no_remat_peak_bytes, p.arg_bytes,
                      p.grad_bytes, p.target, p.verified_peak_bytes, p.saved_bytes,
                      p.recompute_flops, p.step_flops, p.status, p.gap, p.solve_seconds,
-                     p.num_values, len(p.regions), p.placement, p.layout)
+                     p.num_values, len(p.regions), p.placement, p.layout, None, p.no_remat)
     return _format(totals, p.decisions, max_rows)
 
 
@@ -94,7 +95,8 @@ def _format(t: _Totals, decisions: Sequence[Decision], max_rows: int) -> str:
         f"solver            {t.status}"
         + (f" (gap {100 * t.gap:.3f}%)" if t.status != "optimal" else "")
         + f", {t.solve_seconds:.2f} s, {t.num_values} values in {t.num_regions} regions",
-        *t.placement.describe(),
+        *(["no remat          the function runs as written: no checkpoint, nothing "
+           "recomputed"] if t.no_remat else t.placement.describe()),
         *([f"layout            {t.layout} (bytes of the tiled TPU layout)"]
           if t.layout == "tpu" else []),
         "",

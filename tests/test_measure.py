@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,10 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
 
 import autoremat
 from autoremat import _measure, _rewrite
@@ -203,3 +207,102 @@ def test_closed_loop_without_the_compiler_says_how_to_install(monkeypatch):
 def test_float_argnums_skips_integer_arguments():
     args = ({"w": jnp.ones(2)}, {"tokens": jnp.ones(2, jnp.int32)}, jnp.ones(3))
     assert _measure.float_argnums(args) == (0, 2)
+
+
+def _constrained_loss(sharding):
+    """``_square_loss`` with its activation constrained to ``sharding``, as MaxText's
+    models do (``reshard`` for a sharding over explicit axes)."""
+    explicit = isinstance(sharding, NamedSharding) and AxisType.Explicit in sharding.mesh.axis_types
+    constrain = jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint
+
+    def loss(w, x):
+        return jnp.sum(constrain(jnp.tanh(x @ w), sharding) ** 2)
+    return loss
+
+
+def _cpu_mesh_sharding(axis_type=AxisType.Auto):
+    cpu = np.array(jax.devices("cpu")[:1]).reshape(1, 1)
+    return NamedSharding(Mesh(cpu, ("data", "model"), axis_types=(axis_type,) * 2),
+                         P("data", None))
+
+
+@needs_libtpu
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
+def test_constraint_over_a_one_device_cpu_mesh_measures_as_the_step_without_it(axis_type):
+    w = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+    x = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+    constrained = _measure.measure_step(_constrained_loss(_cpu_mesh_sharding(axis_type)), w, x)
+    plain = _measure.measure_step(_square_loss, w, x)
+    assert constrained.peak_bytes > 0
+    assert (dataclasses.replace(constrained, compile_seconds=0)
+            == dataclasses.replace(plain, compile_seconds=0))
+
+
+@needs_libtpu
+def test_closed_loop_verifies_a_step_with_a_cpu_mesh_constraint():
+    loss = _constrained_loss(_cpu_mesh_sharding())
+    w, x = jnp.ones((128, 128)), jnp.ones((64, 128))
+    p = autoremat.plan(loss, w, x, budget="1MiB", verify="tpu-v5e")
+    # The closed loop differentiates every floating-point argument.
+    real = _measure.measure_step(p.apply(loss), w, x, argnums=(0, 1))
+    assert p.verified_peak_bytes == real.peak_bytes <= p.budget_bytes
+
+
+@needs_libtpu
+def test_shardings_the_target_cannot_take_say_what_to_do():
+    x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    on_cpu = _constrained_loss(SingleDeviceSharding(jax.devices("cpu")[0]))
+    with pytest.raises(autoremat.UnsupportedProgramError,
+                       match="cannot map to target 'tpu-v5e'.*NamedSharding over a jax"):
+        _measure.measure_step(on_cpu, x, x)
+    # Arguments over a 2x4 mesh, the constraint over a 1x1 one.
+    sharded = jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=NamedSharding(
+        AbstractMesh((2, 4), ("data", "model")), P("data")))
+    with pytest.raises(autoremat.UnsupportedProgramError, match="meshes of different shapes"):
+        _measure.measure_step(_constrained_loss(_cpu_mesh_sharding()), x, sharded)
+
+
+_MULTI_DEVICE_SCRIPT = """
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import topologies
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import autoremat
+from autoremat import _measure
+
+def loss_over(devices, shape):
+    mesh = Mesh(np.array(devices).reshape(shape), ("data", "model"))
+    sharding = NamedSharding(mesh, P(("data", "model"), None))
+    return lambda w, x: jnp.sum(jax.lax.with_sharding_constraint(jnp.tanh(x @ w), sharding) ** 2)
+
+w, x = jax.ShapeDtypeStruct((128, 128), jnp.float32), jax.ShapeDtypeStruct((64, 128), jnp.float32)
+measured = _measure.measure_step(loss_over(jax.devices("cpu")[:4], (2, 2)), w, x)
+# The same step written for the target's own devices, compiled by hand.
+chips = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices
+tpu_loss = loss_over(chips, (2, 2))
+replicated = NamedSharding(Mesh(np.array(chips).reshape(2, 2), ("data", "model")), P())
+avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated) for a in (w, x)]
+memory = jax.jit(jax.grad(tpu_loss)).lower(*avals).compile(
+    compiler_options=dict(_measure._TPU_OPTIONS)).memory_analysis()
+try:
+    _measure.measure_step(loss_over(jax.devices("cpu"), (3, 2)), w, x)
+    error = ""
+except autoremat.UnsupportedProgramError as e:
+    error = str(e)
+print(json.dumps({"measured": [measured.peak_bytes, measured.temp_bytes, measured.argument_bytes],
+                  "by_hand": [memory.peak_memory_in_bytes, memory.temp_size_in_bytes,
+                              memory.argument_size_in_bytes],
+                  "error": error}))
+"""
+
+
+@needs_libtpu
+def test_constraint_over_several_cpu_devices_compiles_over_as_many_target_devices():
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=6"}
+    out = subprocess.run([sys.executable, "-c", _MULTI_DEVICE_SCRIPT], env=env,
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    result = json.loads(out.splitlines()[-1])
+    assert result["measured"] == result["by_hand"]
+    assert result["measured"][2] == (128 * 128 + 64 * 128) * 4  # replicated arguments
+    # Six devices: no v5e topology of that size.
+    assert "the step's mesh has 6. Shard the step over such a mesh" in result["error"]

@@ -41,8 +41,9 @@ def candidates(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], options
     programs = [program]
     if any(pieces := _program.scan_pieces_of(program)):
         programs.append(_trace.split_program(program, avals, pieces))
-    facts = [_trace.program_facts(p, split_from=None if p is program else program)
-             for p in programs]
+    local = all(getattr(a, "sharding", None) is None for a in avals)
+    facts = [_trace.program_facts(program, written=(flat_fn, avals) if local else None),
+             *(_trace.program_facts(p, split_from=program) for p in programs[1:])]
     found = [Candidate(f, Placement(cuts, f.program.scan_pieces)) for f in facts
              for cuts in _trace.candidate_cuts(f.program)]
     finest = Placement(_trace.segment_cuts(program))
@@ -77,12 +78,27 @@ def obvious_plans(found: Sequence[Candidate], options: PlanOptions,
     whole = found[0]
     layers = Candidate(whole.facts, Placement(_trace.layer_cuts(whole.facts.program)))
     no_remat = no_remat_peak(found, options) if no_remat is None else no_remat
-    plans = []
-    for candidate, fixed in ((whole, _solve.no_remat), (layers, _solve.remat_all)):
-        graph, problem = candidate.problem(options)
-        d = dataclasses.replace(fixed(graph, problem), status="feasible")
-        plans.append(plan_of(graph, d, d.peak_bytes, no_remat, options))
-    return plans
+    graph, problem = whole.problem(options)
+    baseline = dataclasses.replace(_solve.no_remat(graph, problem), status="feasible")
+    plans = [no_remat_plan(whole.facts, graph, baseline, baseline.peak_bytes, no_remat, options)]
+    graph, problem = layers.problem(options)
+    d = dataclasses.replace(_solve.remat_all(graph, problem), status="feasible")
+    return [*plans, plan_of(graph, d, d.peak_bytes, no_remat, options)]
+
+
+def no_remat_plan(facts: _trace.ProgramFacts, graph: Graph, baseline: _solve.Decisions,
+                  budget_bytes: int, no_remat_peak: int, options: PlanOptions) -> Plan:
+    """The plan that recomputes nothing on ``graph`` (of the program of ``facts``;
+    ``baseline``: its :func:`autoremat._solve.no_remat` decisions). Where the placement
+    runs the program as written (:attr:`Placement.restructures` it not) and the program is
+    the function's own (:attr:`autoremat._trace.ProgramFacts.written`), it is the function
+    itself (:attr:`Plan.no_remat`): no checkpoint, whose barriers would cost the compiler
+    fusion, and the residuals JAX keeps for it, whatever the regions would save."""
+    plan = plan_of(graph, baseline, budget_bytes, no_remat_peak, options)
+    if graph.placement.restructures or facts.saved_bytes_as_written is None:
+        return plan
+    return dataclasses.replace(plan, no_remat=True, recompute_flops=0,
+                               saved_bytes=facts.saved_bytes_as_written)
 
 
 def plan_of(graph: Graph, d: _solve.Decisions, budget_bytes: int, no_remat_peak: int,

@@ -15,7 +15,7 @@ import numpy as np
 from autoremat import _rewrite, _solve, _trace
 from autoremat._graph import Graph
 from autoremat._plan import Plan
-from autoremat._planner._candidates import candidates, no_remat_peak, plan_of
+from autoremat._planner._candidates import candidates, no_remat_peak, no_remat_plan, plan_of
 from autoremat._planner._options import PlanOptions
 from autoremat._policy_file import PolicyFile
 from autoremat._sites import Site
@@ -59,26 +59,32 @@ def load_plan(path: str | os.PathLike, fn: Any, *args: Any, **kwargs: Any) -> Pl
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
     _, _, graph = _trace.trace(flat_fn, avals, policy.placement, policy.layout)
     chosen, differences = policy.locate(graph)
+    problem = _solve.problem_of(graph, offload=policy.offload)
     d = None
     if not differences:
-        d, differences = _evaluate(policy, graph, chosen)
+        d, differences = _evaluate(policy, graph, problem, chosen)
         differences = differences or policy.structure_differences(graph)
     if differences:
         raise policy.mismatch(os.fspath(path), differences)
     assert d is not None  # located and evaluated without differences
     options = PlanOptions(offload=policy.offload, layout=policy.layout)
-    no_remat = no_remat_peak(candidates(flat_fn, avals, options), options)
-    plan = plan_of(graph, d, policy.budget_bytes, no_remat, options)
+    found = candidates(flat_fn, avals, options)
+    no_remat = no_remat_peak(found, options)
+    baseline = _solve.no_remat(graph, problem)
+    if (d.saved, d.recomputed, d.offloaded) == (baseline.saved, baseline.recomputed,
+                                                frozenset()):
+        plan = no_remat_plan(found[0].facts, graph, d, policy.budget_bytes, no_remat, options)
+    else:
+        plan = plan_of(graph, d, policy.budget_bytes, no_remat, options)
     return dataclasses.replace(plan, verified_peak_bytes=policy.verified_peak_bytes,
                                verify_target=policy.target)
 
 
-def _evaluate(policy: PolicyFile, graph: Graph, chosen: Mapping[int, str]
-              ) -> tuple[_solve.Decisions, list[str]]:
-    """The figures of the actions ``chosen`` on ``graph``, and each rule of a valid plan
-    they break, and a peak over the file's budget. Status, gap and solve time are the
-    file's."""
-    problem = _solve.problem_of(graph, offload=policy.offload)
+def _evaluate(policy: PolicyFile, graph: Graph, problem: ilp.Problem,
+              chosen: Mapping[int, str]) -> tuple[_solve.Decisions, list[str]]:
+    """The figures of the actions ``chosen`` on ``graph`` (whose problem is ``problem``),
+    and each rule of a valid plan they break, and a peak over the file's budget. Status,
+    gap and solve time are the file's."""
     ids = graph.array("id").tolist()
     save, recompute, offload = (np.array([chosen.get(i) == action for i in ids], dtype=bool)
                                 for action in ("save", "recompute", "offload"))

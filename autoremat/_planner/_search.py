@@ -15,8 +15,9 @@ from autoremat._errors import InfeasibleBudgetError, SolverTimeoutError
 from autoremat._graph import Graph
 from autoremat._placement import Placement
 from autoremat._plan import Plan
-from autoremat._planner._candidates import Candidate, SolverClock, plan_of
+from autoremat._planner._candidates import Candidate, SolverClock, no_remat_plan, plan_of
 from autoremat._planner._options import PlanOptions
+from autoremat._trace import ProgramFacts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +87,8 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
     no_remat_peak = min(b.peak_bytes for b in baselines)
     budget_bytes = resolve_budget(budget, problems[0][0], no_remat_peak)
     for k, ((graph, problem), baseline) in enumerate(zip(problems, baselines, strict=True)):
-        outcomes.append(_solve_placement(graph, problem, baseline, no_remat_peak, budget_bytes,
+        outcomes.append(_solve_placement(candidates[k].facts, graph, problem, baseline,
+                                         no_remat_peak, budget_bytes,
                                          margins.of(graph.placement), options,
                                          lambda k=k: clock.share(len(candidates) - k)))
         if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
@@ -94,18 +96,19 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
     return _cheapest(outcomes, budget_bytes, options, clock)
 
 
-def _solve_placement(graph: Graph, problem: ilp.Problem,
+def _solve_placement(facts: ProgramFacts, graph: Graph, problem: ilp.Problem,
                      baseline: _solve.Decisions, no_remat_peak: int, budget_bytes: int,
-                     margin: int,
-                     options: PlanOptions, share: Callable[[], float]) -> _Outcome:
-    """The :class:`_Outcome` of one placement within ``budget_bytes - margin``
-    (``baseline``: its no-remat plan; ``no_remat_peak``: the least over the placements)."""
+                     margin: int, options: PlanOptions, share: Callable[[], float]
+                     ) -> _Outcome:
+    """The :class:`_Outcome` of one placement (``graph`` of the program of ``facts``) within
+    ``budget_bytes - margin`` (``baseline``: its no-remat decisions; ``no_remat_peak``: the
+    least over the placements)."""
     replay = _solve.replay_cost(graph, problem)
     within = budget_bytes - margin
     if within >= baseline.peak_bytes:
         # Saving everything fits, and recomputes nothing that can be saved: optimal.
-        return _Outcome(plan_of(graph, baseline, budget_bytes, no_remat_peak, options),
-                        replay)
+        return _Outcome(no_remat_plan(facts, graph, baseline, budget_bytes, no_remat_peak,
+                                      options), replay)
     if within < lower_bound(problem):
         return _Outcome(below=(problem, margin))
     result = ilp.solve(problem, within, time_limit_s=share(),

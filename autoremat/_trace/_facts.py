@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping, Sequence
+
+import jax
 
 from autoremat import _program
 from autoremat._program import Eqn, Program
 from autoremat._trace._common import abstract
 from autoremat._trace._memory import cotangent_holders, differentiable
-from autoremat._trace._residuals import JaxAnswers, step_flops
+from autoremat._trace._residuals import JaxAnswers, saved_bytes_as_written, step_flops
 from autoremat._trace._signature import SignatureTexts
 from autoremat._trace._values import ValueFacts, value_facts
 
@@ -37,6 +40,9 @@ class ProgramFacts:
         are signed.
       answers: a cache: what JAX answered about each region signature, filled as regions
         are asked.
+      written: the function the program was traced from and its arguments' avals, where
+        the program runs as that function does on one device (not split, not sharded);
+        otherwise ``None``.
     """
 
     program: Program
@@ -49,15 +55,26 @@ class ProgramFacts:
     split_flops: int
     texts: SignatureTexts
     answers: JaxAnswers
+    written: tuple[Callable, Sequence[jax.ShapeDtypeStruct]] | None = None
+
+    @functools.cached_property
+    def saved_bytes_as_written(self) -> int | None:
+        """Bytes JAX keeps for the backward pass of ``written`` run as written, without
+        remat (arguments left out): the ``saved_bytes`` of no remat; ``None`` without
+        ``written``."""
+        return None if self.written is None else saved_bytes_as_written(*self.written)
 
     def cotangent_size(self, value_id: int) -> int:
         """Bytes the cotangent of value ``value_id`` holds."""
         return max(self.program.value_bytes(value_id), self.holders.get(value_id, 0))
 
 
-def program_facts(program: Program, split_from: Program | None = None) -> ProgramFacts:
+def program_facts(program: Program, split_from: Program | None = None,
+                  written: tuple[Callable, Sequence[jax.ShapeDtypeStruct]] | None = None
+                  ) -> ProgramFacts:
     """The :class:`ProgramFacts` of ``program``, whose scans were split from those of
-    ``split_from`` (None: not split), with empty caches."""
+    ``split_from`` (None: not split), traced from ``written`` (see
+    :attr:`ProgramFacts.written`), with empty caches."""
     free = frozenset(program.args) | frozenset(program.consts)
     values, made = value_facts(program, free)
     split_flops = 0 if split_from is None else max(
@@ -67,7 +84,7 @@ def program_facts(program: Program, split_from: Program | None = None) -> Progra
         differentiable=frozenset(differentiable(program)),
         holders=cotangent_holders(program.eqns, program.value_bytes),
         fingerprint=_program.fingerprint_of(program), split_flops=split_flops,
-        texts=SignatureTexts(program.avals), answers=JaxAnswers())
+        texts=SignatureTexts(program.avals), answers=JaxAnswers(), written=written)
 
 
 def _program_step_flops(program: Program) -> int:

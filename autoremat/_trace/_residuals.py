@@ -108,6 +108,15 @@ def residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
     return names, args, other
 
 
+def saved_bytes_as_written(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
+    """Bytes of the residuals ``fn``'s VJP keeps, its arguments left out: what JAX saves
+    for ``fn`` run as written, without a checkpoint (a buffer once, each literal)."""
+    jaxpr = jax.make_jaxpr(lambda *a: jax.vjp(fn, *a)[1])(*avals).jaxpr
+    literals = [v for v in jaxpr.outvars if isinstance(v, jax_core.Literal)]
+    kept = {v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal)} - set(jaxpr.invars)
+    return sum(_program.nbytes(v.aval) for v in [*literals, *kept])
+
+
 def _origin(var: Any, producer: dict) -> tuple[str | None, Any]:
     """The name behind the residual ``var`` (or None) and the variable it comes from,
     looking through no-op markers and into ``shard_map`` bodies (JAX saves a body's

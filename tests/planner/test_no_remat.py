@@ -1,0 +1,69 @@
+"""The plan that recomputes nothing is the function as written (``Plan.no_remat``)."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autoremat
+from autoremat._report import format_report
+from tests.models import saved_residuals
+
+
+def _loss(w, x):
+    for _ in range(3):
+        x = jnp.tanh(x @ w)
+    # log_softmax is a jitted function inside the loss: JAX keeps scalar literals for it.
+    return -jnp.mean(jax.nn.log_softmax(x)[:, 0])
+
+
+def _args():
+    return jnp.ones((32, 32)) / 32, jnp.linspace(-1.0, 1.0, 16 * 32).reshape(16, 32)
+
+
+def _kept_bytes(fn, *args) -> int:
+    return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, src in saved_residuals(fn, *args)
+               if not src.startswith("from the argument"))
+
+
+@pytest.fixture(scope="module")
+def no_remat():
+    w, x = _args()
+    return autoremat.plan(_loss, w, x, budget="1GiB")
+
+
+def test_a_budget_above_no_remat_runs_the_function_as_written(no_remat):
+    w, x = _args()
+    assert no_remat.no_remat and no_remat.recompute_flops == 0
+    step = lambda f: str(jax.make_jaxpr(jax.grad(f))(w, x))
+    assert step(no_remat.apply(_loss)) == step(_loss)  # no checkpoint added
+
+
+def test_its_saved_bytes_are_what_jax_keeps_for_the_function(no_remat):
+    w, x = _args()
+    assert no_remat.saved_bytes == _kept_bytes(no_remat.apply(_loss), w, x)
+
+
+def test_a_plan_below_no_remat_is_not_the_function_as_written(no_remat):
+    w, x = _args()
+    floor = autoremat.plan(_loss, w, x, budget="floor")
+    assert floor.peak_bytes < no_remat.peak_bytes and not floor.no_remat
+
+
+def test_it_still_checks_the_program(no_remat):
+    with pytest.raises(autoremat.PlanMismatchError):
+        no_remat.apply(_loss)(*(jnp.ones((8, 8)),) * 2)
+
+
+def test_a_policy_file_keeps_it(no_remat, tmp_path):
+    w, x = _args()
+    path = os.fspath(tmp_path / "plan.json")
+    no_remat.save(path)
+    loaded = autoremat.load_plan(path, _loss, w, x)
+    assert loaded.no_remat and loaded.saved_bytes == no_remat.saved_bytes
+    assert "runs as written" in format_report(autoremat.PolicyFile.read(path))
+    assert "runs as written" in no_remat.report()
