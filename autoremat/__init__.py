@@ -17,6 +17,7 @@ from autoremat._errors import UnsupportedProgramError as UnsupportedProgramError
 from autoremat._measure import TARGETS as TARGETS
 from autoremat._measure import Measurement as Measurement
 from autoremat._measure import fits as fits
+from autoremat._measure import local_target as local_target
 from autoremat._measure import measure_step as measure_step
 from autoremat._offload import OffloadConfig as OffloadConfig
 from autoremat._op_times import OpTimes as OpTimes
@@ -51,6 +52,7 @@ __all__ = [
     "fits",
     "load_plan",
     "measure_op_times",
+    "local_target",
     "measure_step",
     "optimize",
     "parse_budget",

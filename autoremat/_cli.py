@@ -271,10 +271,12 @@ def main() -> None:
 @click.option("--rows", type=click.IntRange(min=0), default=25, show_default=True,
               help="Decision rows to print.")
 @click.option("--progress/--no-progress", "show_progress", default=None, help=_PROGRESS_HELP)
-@click.option("--verify", type=click.Choice(sorted(autoremat.TARGETS)), metavar="TARGET",
+@click.option("--verify", type=click.Choice(["auto", "none", *sorted(autoremat.TARGETS)]),
+              metavar="TARGET", default="auto", show_default=True,
               help="Closed loop: compile the planned step for TARGET "
                    f"({', '.join(sorted(autoremat.TARGETS))}) and re-plan until the "
-                   "compiler's peak fits the budget.")
+                   "compiler's peak fits the budget; 'auto': this machine's GPU or TPU "
+                   "(none on a CPU); 'none': the model's plan, not compiled.")
 @_plan_options
 def plan_command(function: Callable | None, make_args: Callable | None, model: str | None,
                  budget: float, out: pathlib.Path, maxtext: pathlib.Path | None,
@@ -327,7 +329,8 @@ def plan_command(function: Callable | None, make_args: Callable | None, model: s
             raise click.BadParameter(f"without --args it must return (loss, args), args a "
                                      f"tuple; {problem}.", param_hint="'[FUNCTION]'")
         fn, args = made
-    plan = _plan_and_report(fn, args, budget, dataclasses.replace(options, verify=verify),
+    target = None if verify == "none" else verify
+    plan = _plan_and_report(fn, args, budget, dataclasses.replace(options, verify=target),
                             rows, show_progress)
     try:
         plan.save(out)

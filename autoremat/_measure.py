@@ -56,6 +56,11 @@ TPU_TOPOLOGIES = {
 }
 TARGETS = (*TPU_TOPOLOGIES, "gpu")
 
+# The TPU target of each device kind JAX reports.
+_TPU_KINDS = {"TPU v4": "tpu-v4", "TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e",
+              "TPU v5": "tpu-v5p", "TPU v5p": "tpu-v5p", "TPU v6 lite": "tpu-v6e",
+              "TPU v6e": "tpu-v6e"}
+
 _TPU_OPTIONS = {
     "xla_msa_enable": "false",
     "xla_tpu_rematerialization_min_size_in_bytes": "1000000000000000",
@@ -145,6 +150,24 @@ def measure_step(fn: Callable, *args: Any, target: str = "tpu-v5e",
       True
     """
     return _compile(fn, args, target, argnums, {})
+
+
+def local_target() -> str | None:
+    """The target of this process's accelerator: ``"gpu"`` on a GPU, the TPU target of its
+    TPU generation (:data:`TPU_TOPOLOGIES`) on a TPU; ``None`` on a CPU (or a TPU of
+    another generation), where no compiler of the step's own device reports its memory.
+
+    Example:
+      >>> import jax, autoremat
+      >>> autoremat.local_target() is None if jax.default_backend() == "cpu" else True
+      True
+    """
+    backend = jax.default_backend()
+    if backend == "gpu":
+        return "gpu"
+    if backend == "tpu":
+        return _TPU_KINDS.get(jax.devices()[0].device_kind)
+    return None
 
 
 def float_argnums(args: Sequence[Any]) -> tuple[int, ...]:

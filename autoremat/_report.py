@@ -72,9 +72,10 @@ def format_report(policy: PolicyFile, max_rows: int = 40) -> str:
 
 
 def _verified_lines(t: _Totals) -> list[str]:
-    """The compiler's peak, for a verified plan."""
+    """The compiler's peak of a verified plan, or that it was not compiled."""
     if t.target is None:
-        return []
+        return ["compiler peak     not compiled   (the model's prediction: plan with "
+                'verify="tpu-v5e", or on a GPU or TPU, to check it)']
     assert t.verified_peak_bytes is not None  # a verified plan has its compiler peak
     return [f"compiler peak     {format_bytes(t.verified_peak_bytes):>12}   (verified on "
             f"{t.target})"]

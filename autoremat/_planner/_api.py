@@ -27,12 +27,12 @@ from autoremat._plan import Plan
 from autoremat._planner._candidates import Candidate, SolverClock, candidates, obvious_plans
 from autoremat._planner._closed_loop import MODEL_ERROR, ClosedLoop, verified_floor
 from autoremat._planner._floor import floor_plans
-from autoremat._planner._options import PlanOptions
+from autoremat._planner._options import AUTO, PlanOptions
 from autoremat._planner._search import Margins, search
 
 
 def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
-         backends: tuple[str, ...] = ("HIGHS", "SCIP"), verify: str | None = None,
+         backends: tuple[str, ...] = ("HIGHS", "SCIP"), verify: str | None = AUTO,
          verify_rounds: int = 4, refine_rounds: int = 0, offload: OffloadConfig | None = None,
          progress: Progress | None = None, op_times: OpTimes | None = None,
          layout: Layout = "dense", nested_scans: bool = False, nested_segments: bool = False,
@@ -73,6 +73,10 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         compiler's peak exceeds the budget, the model's budget is lowered by the excess
         and the plan solved again, so that a returned plan fits on the real compiler
         (``Plan.verified_peak_bytes``). Each round is one compile (seconds to a minute).
+        ``"auto"`` (default): the compiler of this process's accelerator
+        (:func:`autoremat.local_target`), so that on a GPU or a TPU plans fit by default; on
+        a CPU there is none, the model's plan stands, and its report says it was not
+        compiled. ``None``: never compile.
       verify_rounds: the most compiles the closed loop makes before a plan fits.
       refine_rounds: with ``verify``, the most compiles spent, once a plan fits, on
         cheaper plans: each placement is solved again for the budget the compiler's

@@ -6,12 +6,14 @@ import dataclasses
 
 from autoremat_ilp import Progress
 
-from autoremat import _layout
+from autoremat import _layout, _measure
 from autoremat._layout import Layout
 from autoremat._offload import OffloadConfig
 from autoremat._op_times import OpTimes
 
 BACKENDS = ("HIGHS", "SCIP", "CBC")
+#: ``verify``'s default: the compiler of this process's accelerator, if it has one.
+AUTO = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +27,9 @@ class PlanOptions:
     Attributes:
       time_limit_s: stop planning after about this long with the best plan found.
       backends: MIP backends tried in turn, from :data:`BACKENDS`.
-      verify: the compiler target of the closed loop (``"tpu-v5e"``, ...), or ``None``.
+      verify: the compiler target of the closed loop (``"tpu-v5e"``, ...), or ``None``;
+        ``"auto"`` (default) is resolved on construction to this process's accelerator
+        (:func:`autoremat.local_target`: ``None`` on a CPU).
       verify_rounds: the most compiles before a plan fits.
       refine_rounds: the most compiles spent on cheaper plans once one fits.
       offload: an :class:`autoremat.OffloadConfig`, or ``None`` for no offload.
@@ -49,7 +53,7 @@ class PlanOptions:
 
     time_limit_s: float = 60.0
     backends: tuple[str, ...] = ("HIGHS", "SCIP")
-    verify: str | None = None
+    verify: str | None = AUTO
     verify_rounds: int = 4
     refine_rounds: int = 0
     offload: OffloadConfig | None = None
@@ -71,3 +75,5 @@ class PlanOptions:
         if self.refine_rounds < 0:
             raise ValueError(f"refine_rounds must be 0 or more, not {self.refine_rounds!r}.")
         object.__setattr__(self, "backends", tuple(self.backends))
+        if self.verify == AUTO:
+            object.__setattr__(self, "verify", _measure.local_target())

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 import autoremat
-from autoremat import _benchmark
+from autoremat import _benchmark, _measure
 from autoremat._cli import _PLAN_OPTIONS
 
 
@@ -24,9 +26,26 @@ def test_plan_takes_exactly_the_options_and_the_budget():
 
 def test_plan_defaults_are_the_options_defaults():
     params = inspect.signature(autoremat.plan).parameters
-    defaults = autoremat.PlanOptions()
-    for name in _fields():
-        assert params[name].default == getattr(defaults, name), name
+    for field in dataclasses.fields(autoremat.PlanOptions):
+        assert params[field.name].default == field.default, field.name
+
+
+def test_verify_by_default_on_this_machines_accelerator_only(monkeypatch):
+    # No accelerator here (CI's machines have none): the model's plan, said not compiled.
+    if jax.default_backend() == "cpu":
+        assert autoremat.local_target() is None and autoremat.PlanOptions().verify is None
+    w, x = jnp.ones((32, 32)) / 32, jnp.ones((16, 32))
+    loss = lambda w, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w) ** 2)
+    if autoremat.local_target() is None:
+        assert "not compiled" in autoremat.plan(loss, w, x, budget="floor").report()
+    # A process on a TPU v5e: the same calls compile for it (ahead of time here).
+    pytest.importorskip("libtpu")
+    monkeypatch.setattr(_measure, "local_target", lambda: "tpu-v5e")
+    assert autoremat.PlanOptions().verify == "tpu-v5e"
+    assert autoremat.PlanOptions(verify=None).verify is None
+    plan = autoremat.plan(loss, w, x, budget="floor")
+    assert plan.verify_target == "tpu-v5e" and plan.verify_compiles >= 1
+    assert "verified on tpu-v5e" in plan.report()
 
 
 def test_optimize_takes_every_option_and_refuses_others():
