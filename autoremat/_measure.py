@@ -153,9 +153,13 @@ def measure_step(fn: Callable, *args: Any, target: str = "tpu-v5e",
 
 
 def local_target() -> str | None:
-    """The target of this process's accelerator: ``"gpu"`` on a GPU, the TPU target of its
-    TPU generation (:data:`TPU_TOPOLOGIES`) on a TPU; ``None`` on a CPU (or a TPU of
-    another generation), where no compiler of the step's own device reports its memory.
+    """The compiler target of this process's accelerator: ``verify``'s default
+    (``"auto"``, see :func:`autoremat.plan`).
+
+    Returns:
+      ``"gpu"`` on a GPU; the target of its TPU generation (:data:`TPU_TOPOLOGIES`) on a
+      TPU; ``None`` on a CPU (or a TPU of another generation), where no compiler of the
+      step's own device reports its memory.
 
     Example:
       >>> import jax, autoremat
