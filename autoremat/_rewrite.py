@@ -63,7 +63,7 @@ def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, placement: P
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         flat_fn, leaves, avals, store = flat_function(fn, args, kwargs)
-        program = _traced(flat_fn, avals, fingerprint)
+        _, program = _traced(flat_fn, avals, fingerprint)
         if placement.splits_scans:
             program = _program.split_scans(program, placement.scan_pieces, avals)
         regions = _program.split_regions(program, placement)
@@ -74,30 +74,31 @@ def rewrite(fn: Callable, saved: Collection[int], fingerprint: str, placement: P
 
 
 def as_written(fn: Callable, fingerprint: str) -> Callable:
-    """``fn`` itself, for a plan that recomputes nothing, with the same check as
-    :func:`rewrite` that it is the program the plan was made for."""
+    """``fn`` as written, for a plan that recomputes nothing: its own traced program, run
+    once checked, as :func:`rewrite` checks, to be the program the plan was made for."""
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        flat_fn, _, avals, _ = flat_function(fn, args, kwargs)
-        _traced(flat_fn, avals, fingerprint)
-        return fn(*args, **kwargs)
+        flat_fn, leaves, avals, store = flat_function(fn, args, kwargs)
+        closed, _ = _traced(flat_fn, avals, fingerprint)
+        return jax.tree.unflatten(store["out_tree"], jax_core.jaxpr_as_fun(closed)(*leaves))
 
     return wrapped
 
 
 def _traced(flat_fn: Callable, avals: list[jax.ShapeDtypeStruct], fingerprint: str
-            ) -> _program.Program:
-    """The program of ``flat_fn`` at ``avals``.
+            ) -> tuple[jax_core.ClosedJaxpr, _program.Program]:
+    """The jaxpr of ``flat_fn`` at ``avals``, and its program.
 
     Raises:
-      PlanMismatchError: its fingerprint is not ``fingerprint``.
+      PlanMismatchError: the program's fingerprint is not ``fingerprint``.
     """
-    program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
+    closed = jax.make_jaxpr(flat_fn)(*avals)
+    program = _program.flatten(closed)
     if _program.fingerprint_of(program) != fingerprint:
         raise PlanMismatchError(
             f"this plan was made for another program (structure {fingerprint}, got "
             f"{_program.fingerprint_of(program)}): make a plan for this function and these "
             "argument shapes with autoremat.plan, or use autoremat.optimize, which plans per "
             "shape.")
-    return program
+    return closed, program

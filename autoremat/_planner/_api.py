@@ -178,7 +178,7 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
                       *obvious_plans(found, options, floors[0].no_remat_peak_bytes)]
         return verified_floor(contenders, compiled_peak, options.verify)
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
-                      options.refine_rounds)
+                      options.refine_rounds, obvious=lambda: obvious_plans(found, options))
     return loop.run(budget)
 
 

@@ -7,7 +7,7 @@ and learns from the compiler's peak. Each rule is a method of :class:`ClosedLoop
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from autoremat._budget import FLOOR, Budget, format_bytes
 from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError
@@ -49,6 +49,9 @@ class ClosedLoop:
       best: the plan that fit with the least recompute.
       tries, refines: compiles before a plan fit, and after.
       compiled: the decisions compiled so far.
+      obvious: the plans a user tries by hand (no remat, one remat per layer:
+        :func:`autoremat._planner._candidates.obvious_plans`), compiled below the model's
+        floor when its floor plan does not fit: the model may put them too high.
     """
 
     solve: Callable[[Budget, Margins], Plan]
@@ -65,6 +68,7 @@ class ClosedLoop:
     tries: int = 0
     refines: int = 0
     compiled: set[tuple] = dataclasses.field(default_factory=set)
+    obvious: Callable[[], Sequence[Plan]] = tuple
 
     def run(self, budget: Budget) -> Plan:
         """A plan whose compiler peak fits ``budget``: the cheapest found within the rounds.
@@ -107,9 +111,10 @@ class ClosedLoop:
         cheaper left to try (or the model has no plan for the budget any more).
 
         Below the model's floor, its floor plan (the one keeping the most room) may still
-        fit on the compiler; since the compiler's peak is not monotone in the model's, a
-        plan compiled in an earlier round may have come out lower, and the floor reported
-        is the lower.
+        fit on the compiler, and where it does not, the obvious plans may (the first that
+        fits is this round's; those that do not are counted as tries). Since the
+        compiler's peak is not monotone in the model's, a plan compiled in an earlier round
+        may have come out lower, and the floor reported is the lowest compiled.
         """
         try:
             plan = self.solve(model_budget, Margins(dict(self.margins), self.unknown_margin))
@@ -117,12 +122,7 @@ class ClosedLoop:
             if self.best is not None:
                 return None
             self.budget_bytes = self.budget_bytes or e.budget_bytes
-            plan = self.solve(FLOOR, Margins())
-            peak = self.compiled_peak(plan)
-            if peak > self.budget_bytes:
-                raise InfeasibleBudgetError(self.budget_bytes,
-                                            min(peak, self.lowest_peak or peak)) from None
-            return plan, peak
+            return self._below_the_floor(self.solve(FLOOR, Margins()))
         self.budget_bytes = self.budget_bytes or plan.budget_bytes
         decided = (plan.placement, plan.saved, plan.recomputed, plan.offloaded)
         if self.best is not None and (decided in self.compiled or
@@ -130,6 +130,27 @@ class ClosedLoop:
             return None
         self.compiled.add(decided)
         return plan, self.compiled_peak(plan)
+
+    def _below_the_floor(self, floor: Plan) -> tuple[Plan, int]:
+        """The first of the model's ``floor`` plan and the obvious plans that fits on the
+        compiler, and its peak.
+
+        Raises:
+          InfeasibleBudgetError: none fits; the lowest compiler peak seen is the floor.
+        """
+        assert self.budget_bytes is not None  # set by the caller
+
+        def plans() -> Iterator[Plan]:  # the obvious plans made only if needed
+            yield floor
+            yield from self.obvious()
+
+        for plan in plans():
+            peak = self.compiled_peak(plan)
+            if peak <= self.budget_bytes:
+                return plan, peak
+            self.learn(plan, peak)
+        assert self.lowest_peak is not None  # learnt above
+        raise InfeasibleBudgetError(self.budget_bytes, self.lowest_peak) from None
 
     def learn(self, plan: Plan, peak: int) -> None:
         """Counts the compile and records the compiler's error on the plan's placement."""

@@ -114,6 +114,34 @@ def test_plan_round_below_the_model_floor_compiles_the_floor_plan(base):
     assert info.value.floor_bytes == BUDGET + 3
 
 
+def test_plan_round_below_the_model_floor_then_compiles_the_obvious_plans(base):
+    floor, no_remat, per_layer = (_plan(base, BUDGET, f) for f in (50, 0, 40))
+    peaks = {50: BUDGET + 9, 0: BUDGET + 2, 40: BUDGET - 1}
+    made = []
+
+    def solve(budget, margins):
+        if budget != "floor":
+            raise autoremat.InfeasibleBudgetError(BUDGET, BUDGET + 1)
+        return floor
+
+    def obvious():
+        made.append(1)
+        return [no_remat, per_layer]
+
+    loop = dataclasses.replace(_loop(solve, lambda p: peaks[p.recompute_flops]),
+                               obvious=obvious)
+    assert loop.plan_round(BUDGET) == (per_layer, BUDGET - 1)
+    assert loop.tries == 2 and loop.lowest_peak == BUDGET + 2  # the two that did not fit
+    peaks[40] = BUDGET + 5
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        dataclasses.replace(loop, tries=0, lowest_peak=None).plan_round(BUDGET)
+    assert info.value.floor_bytes == BUDGET + 2
+    peaks[50] = BUDGET
+    made.clear()
+    assert dataclasses.replace(loop, tries=0).plan_round(BUDGET) == (floor, BUDGET)
+    assert not made  # made only when the floor plan does not fit
+
+
 def test_run_converges_on_a_compiler_that_reads_high(base):
     """The compiler puts every plan 3 MiB above the model; the loop lowers the model's
     budget until a plan fits."""
