@@ -109,6 +109,26 @@ class Region:
 
 
 @dataclasses.dataclass(frozen=True)
+class Constant:
+    """A constant of the program (an array the traced function closes over) that JAX may
+    keep as a residual. It takes no memory of its own (it is held throughout, like the
+    arguments), so it is counted in a plan's saved bytes but not in its peak.
+
+    Attributes:
+      id: the constant's id in the flattened program.
+      nbytes: its bytes on one device.
+      kept: the backward pass reads it whatever the plan.
+      readers: the ids of the values whose recomputation reads it: JAX keeps it when the
+        plan recomputes one of them.
+    """
+
+    id: int
+    nbytes: int
+    kept: bool
+    readers: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Graph:
     """A traced function's values and regions, and the totals the plan is judged by.
 
@@ -129,6 +149,8 @@ class Graph:
         what JAX recomputes that no name reaches (values inside a nested loop or a
         ``cond``, made by a custom differentiation rule, or from literals; asked of JAX
         region by region), and the sums of a split scan's gradients over its pieces.
+      constants: the program's constants that JAX may keep as residuals
+        (:meth:`constant_bytes`).
     """
 
     values: tuple[Value, ...]
@@ -141,6 +163,7 @@ class Graph:
     largest_grad_bytes: int = 0
     layout: Layout = "dense"
     fixed_flops: int = 0
+    constants: tuple[Constant, ...] = ()
 
     def array(self, field: str, dtype: type = np.int64) -> np.ndarray:
         """One field of every value as a numpy array, in ``values`` order."""
@@ -176,6 +199,13 @@ class Graph:
         """Bytes at each region's stages that regions up to it keep whatever the plan
         (:attr:`Region.kept_bytes`)."""
         return np.cumsum([r.kept_bytes for r in self.regions], dtype=np.int64)
+
+    def constant_bytes(self, recomputed: np.ndarray) -> int:
+        """Bytes of the constants JAX keeps as residuals when the values ``recomputed`` (a
+        mask over ``values``) are made again in the backward pass."""
+        again = {v.id for v, r in zip(self.values, recomputed, strict=True) if r}
+        return sum(c.nbytes for c in self.constants
+                   if c.kept or not again.isdisjoint(c.readers))
 
     def nested(self) -> np.ndarray:
         """Which values, saved, are held only in their nested group's backward

@@ -163,7 +163,8 @@ def decisions(graph: Graph, problem: ilp.Problem,
         recomputed=frozenset(int(i) for i in ids[result.recompute]),
         peak_bytes=result.peak,
         saved_bytes=int(problem.held[result.save & ~graph.nested()].sum())
-        + sum(r.kept_bytes for r in graph.regions),
+        + sum(r.kept_bytes for r in graph.regions)
+        + graph.constant_bytes(result.recompute | graph.replays()),
         recompute_flops=int(flops[result.recompute].sum() + flops[graph.replays()].sum()
                             + graph.fixed_flops),
         status=result.status.value,

@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from autoremat import _program, _sharding
-from autoremat._graph import Graph, Region, Value
+from autoremat._graph import Constant, Graph, Region, Value
 from autoremat._placement import Placement
 from autoremat._program import Atom, Eqn, Program, Segment
 from autoremat._trace._common import abstract, is_float, produced, source_of
@@ -54,6 +54,7 @@ def graph_of(program: Program, placement: Placement, facts: ProgramFacts | None 
         layout=program.layout,
         placement=placement,
         largest_grad_bytes=max(grads, default=0),
+        constants=_constants(build),
     )
     return build.regions, _sharding.per_device_flops(graph, program)
 
@@ -93,6 +94,8 @@ class _Build:
       in_flight: by region, the bytes of cotangents live across its whole backward pass
         (:func:`autoremat._trace._memory.in_flight_cotangent_bytes`).
       grad_bytes: by region, the bytes of argument gradients at its backward stage.
+      kept_constants: the program's constants the regions' backward passes read whatever
+        the plan.
     """
 
     program: Program
@@ -102,6 +105,7 @@ class _Build:
     values: dict[int, _Placed]
     in_flight: Sequence[int]
     grad_bytes: Sequence[int]
+    kept_constants: set[int]
 
     @classmethod
     def start(cls, program: Program, facts: ProgramFacts, regions: tuple[Segment, ...]
@@ -120,17 +124,20 @@ class _Build:
         return cls(program, facts, regions, readers, values,
                    in_flight_cotangent_bytes(regions, last_reader, facts.cotangent_size,
                                              facts.differentiable),
-                   grad_bytes_by_region(program, len(regions), last_reader))
+                   grad_bytes_by_region(program, len(regions), last_reader), set())
 
     def made(self, eqns: Iterable[Eqn]) -> Iterator[_Placed]:
         """The values the top-level equations ``eqns`` make."""
         return (self.values[vid] for e in eqns for vid in self.facts.made[e])
 
     def keep_across(self, ids: Iterable[Atom]) -> None:
-        """Marks the values ``ids`` as read by another region (arguments aside)."""
+        """Marks the values ``ids`` as read by another region, and the constants among
+        them as kept (arguments aside)."""
         for vid in ids:
             if isinstance(vid, int) and vid in self.values:
                 self.values[vid].needed_across = True
+            elif isinstance(vid, int) and vid in self.program.consts:
+                self.kept_constants.add(vid)
 
 
 def _segment(build: _Build, r: Segment) -> tuple[Region, RegionAnswer]:
@@ -190,10 +197,12 @@ def _ask(build: _Build, r: Segment, checkpointed: Callable[[], Callable],
          operands: Sequence[int], fixed: Callable[[int], int]) -> RegionAnswer:
     """What JAX answers about region ``r`` (see :func:`ask_jax`; ``checkpointed()`` makes
     the function asked), asked once for regions of one signature; marks the values its
-    VJP reads as needed."""
-    signature = build.facts.texts.sign(r)
+    VJP reads as needed. The operands that carry no cotangent in the program are not
+    differentiated."""
+    frozen = frozenset(k for k, a in enumerate(operands) if a not in build.facts.differentiable)
+    signature = build.facts.texts.sign(r, frozen)
     answer = build.facts.answers.ask(signature, lambda: ask_jax(
-        build.program, r, signature, checkpointed(), operands, fixed))
+        build.program, r, signature, checkpointed(), operands, frozen, fixed))
     _warn_unplanned(answer.unplanned_bytes, r)
     for vid in signature.ids(answer.needed):
         build.values[vid].needed = True
@@ -305,6 +314,27 @@ def _group_outputs_are_kept(build: _Build) -> None:
         if v.needed_across and v.replayed and build.regions[v.region].kind == "segment" \
                 and any(nest_of[k] != nest_of[v.region] for k in build.readers.get(vid, ())):
             v.replayed = False
+
+
+def _constants(build: _Build) -> tuple[Constant, ...]:
+    """The program's constants that JAX may keep as residuals, one per array (JAX closes
+    over an array once however many equations read it): those the backward passes read
+    whatever the plan, and those recomputing a value reads (directly, or by replaying its
+    segment's input barrier, which keeps every input)."""
+    consts = build.program.consts
+    readers: dict[int, list[int]] = {}
+    for r in build.regions:
+        barrier = [c for c in r.inputs if c in consts] if _program.has_input_barrier(r) else []
+        for v in build.made(r.eqns):
+            for c in (*v.facts.constants, *(barrier if v.replays_barrier else ())):
+                readers.setdefault(c, []).append(v.facts.id)
+    arrays: dict[int, list[int]] = {}
+    for c in sorted({*build.kept_constants, *readers}):
+        arrays.setdefault(id(consts[c]), []).append(c)
+    return tuple(Constant(cs[0], build.program.value_bytes(cs[0]),
+                          not build.kept_constants.isdisjoint(cs),
+                          tuple(dict.fromkeys(v for c in cs for v in readers.get(c, ()))))
+                 for cs in arrays.values())
 
 
 def _warn_unplanned(nbytes: int, region: Segment) -> None:

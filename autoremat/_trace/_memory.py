@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 
 import numpy as np
 
 from autoremat._cost import fuses_cotangent, fusible
-from autoremat._program import Eqn, Program, Segment
+from autoremat._program import Atom, Eqn, Program, ScanBody, Segment, scan_operands
 from autoremat._trace._common import is_float
 
 
@@ -121,23 +121,42 @@ def in_flight_cotangent_bytes(regions: Sequence[Segment], last_reader: dict[int,
 
 def differentiable(program: Program) -> set[int]:
     """Values that carry a cotangent: floating-point values computed from floating-point
-    arguments (a scan body's carries and slices count when floating-point)."""
+    arguments. In a scan's body, as JAX decides: a constant or a scanned slice whose
+    operand carries one, and a carry whose initial value does or that the body makes
+    from one (a fixed point); the scan's results where the body's do."""
     out = {a for a in program.args if is_float(program.avals[a])}
+
+    def floats(ids: Iterable[int]) -> set[int]:
+        return {i for i in ids if is_float(program.avals[i])}
+
+    def carries(a: Atom) -> bool:
+        return isinstance(a, int) and a in out
 
     def visit(eqns: Sequence[Eqn]) -> None:
         for e in eqns:
             if e.scan_body is not None:
-                body = e.scan_body
-                out.update(i for i in (*body.carry_in, *body.xs_in) if is_float(program.avals[i]))
-                # Not strict: the scan's operands start with its constants (then carry, xs).
-                out.update(c for c, o in zip(body.consts, e.ins, strict=False) if o in out)
-                visit(body.eqns)
+                visit_scan(e, e.scan_body)
+                continue
             if e.shard_body is not None:
-                out.update(b for b, o in zip(e.shard_body.ins, e.ins, strict=True) if o in out)
+                out.update(b for b, o in zip(e.shard_body.ins, e.ins, strict=True) if carries(o))
                 visit(e.shard_body.eqns)
-            if e.primitive.name != "stop_gradient" and any(a in out for a in e.ins
-                                                           if isinstance(a, int)):
-                out.update(o for o in e.outs if is_float(program.avals[o]))
+            if e.primitive.name != "stop_gradient" and any(map(carries, e.ins)):
+                out.update(floats(e.outs))
+
+    def visit_scan(e: Eqn, body: ScanBody) -> None:
+        consts, init, xs = scan_operands(e, e.ins)
+        out.update(floats(i for i, o in zip((*body.consts, *body.carry_in, *body.xs_in),
+                                            (*consts, *init, *xs), strict=True)
+                          if carries(o)))
+        while True:
+            visit(body.eqns)
+            carried = floats(c for c, o in zip(body.carry_in, body.carry_out, strict=True)
+                             if carries(o)) - out
+            if not carried:
+                break
+            out.update(carried)
+        out.update(floats(o for o, b in zip(e.outs, (*body.carry_out, *body.ys_out),
+                                            strict=True) if carries(b)))
 
     visit(program.eqns)
     return out

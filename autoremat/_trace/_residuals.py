@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -59,12 +59,14 @@ class JaxAnswers:
 
 
 def ask_jax(program: Program, region: Segment, signature: Signature, checkpointed: Callable,
-            operands: Sequence[int], fixed: Callable[[int], int]) -> RegionAnswer:
+            operands: Sequence[int], frozen: Collection[int], fixed: Callable[[int], int]
+            ) -> RegionAnswer:
     """Asks JAX about ``region`` of ``program``, signed ``signature``: the residuals of
     ``checkpointed`` (the region, every value named, in a checkpoint that may save every
-    name) as a function of ``operands``; the region's step FLOPs; and ``fixed(those FLOPs)``,
-    what JAX recomputes saving every name."""
-    names, args, unplanned = residuals(checkpointed, abstract(operands, program.avals))
+    name) as a function of ``operands``, those at positions ``frozen`` not differentiated;
+    the region's step FLOPs; and ``fixed(those FLOPs)``, what JAX recomputes saving every
+    name."""
+    names, args, unplanned = residuals(checkpointed, abstract(operands, program.avals), frozen)
     flops = step_flops(_program.region_fn(program, region, frozenset(), None),
                        abstract(region.inputs, program.avals))
     with jax_config.remat3(False):  # read like the residuals
@@ -80,15 +82,20 @@ def ask_jax(program: Program, region: Segment, signature: Signature, checkpointe
 _PASS_THROUGH = frozenset({"reduce_precision", "optimization_barrier", "name"})
 
 
-def residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
-              ) -> tuple[set[str], set[int], int]:
+def residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
+              frozen: Collection[int] = ()) -> tuple[set[str], set[int], int]:
     """What ``fn``'s VJP keeps: (names, indices of arguments, bytes of anything else).
+
+    The arguments at positions ``frozen`` are closed over, not differentiated: in the
+    program they carry no cotangent (constants, and values made from constants alone), and
+    differentiated, the VJP would read what their cotangents need.
 
     Read with ``jax_remat3`` off, where names are plain ``name`` equations; named values
     are saved the same way with it on (``tests/test_plan.py`` checks both).
     """
     with jax_config.remat3(False):
-        closed = jax.make_jaxpr(lambda *a: jax.vjp(fn, *a)[1])(*avals)
+        closed = jax.make_jaxpr(lambda *a: jax.vjp(*_differentiated(fn, a, frozen))[1]
+                                )(*avals)
     jaxpr = closed.jaxpr
     producer = {v: e for e in jaxpr.eqns for v in e.outvars}
     arg_index = {v: i for i, v in enumerate(jaxpr.invars)}
@@ -115,6 +122,21 @@ def saved_bytes_as_written(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) 
     literals = [v for v in jaxpr.outvars if isinstance(v, jax_core.Literal)]
     kept = {v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal)} - set(jaxpr.invars)
     return sum(_program.nbytes(v.aval) for v in [*literals, *kept])
+
+
+def _differentiated(fn: Callable, args: Sequence[Any], frozen: Collection[int]
+                    ) -> tuple[Any, ...]:
+    """``jax.vjp``'s arguments for ``fn`` at ``args`` differentiated in those not at the
+    positions ``frozen``: ``fn`` of those alone (closing over the others), then them."""
+    moving = [k for k in range(len(args)) if k not in frozen]
+
+    def part(*values: Any) -> Any:
+        full = list(args)
+        for k, v in zip(moving, values, strict=True):
+            full[k] = v
+        return fn(*full)
+
+    return (part, *(args[k] for k in moving))
 
 
 def _origin(var: Any, producer: dict) -> tuple[str | None, Any]:

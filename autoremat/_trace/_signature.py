@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from autoremat._program import Atom, Eqn, Segment
@@ -35,10 +35,12 @@ class SignatureTexts:
     def __len__(self) -> int:
         return len(self._texts)
 
-    def sign(self, region: Segment) -> Signature:
-        """The signature of ``region``."""
+    def sign(self, region: Segment, frozen: Collection[int] = ()) -> Signature:
+        """The signature of ``region`` asked with its operands at positions ``frozen`` not
+        differentiated."""
         positions = {v: k for k, v in enumerate(region.inputs)}
-        parts = [";".join(str(self._avals[v]) for v in region.inputs)]
+        parts = [";".join(str(self._avals[v]) for v in region.inputs),
+                 f"frozen {sorted(frozen)}"]
         self._write(region.eqns, positions, parts)
         parts.append(",".join(_atom(o, positions) for o in region.outputs))
         return Signature("\n".join(parts), positions)

@@ -14,7 +14,9 @@ from autoremat._trace._common import source_of
 @dataclasses.dataclass(frozen=True)
 class ValueFacts:
     """The fields of a value's :class:`autoremat._graph.Value` that its program decides
-    (see there); a placement may still lower ``multiplicity`` and clear ``saveable``."""
+    (see there); a placement may still lower ``multiplicity`` and clear ``saveable``.
+    ``constants``: the program's constants its equation reads (through the operands of a
+    loop or a ``shard_map``), which JAX keeps when it is recomputed."""
 
     id: int
     shape: tuple[int, ...]
@@ -28,6 +30,7 @@ class ValueFacts:
     saveable: bool
     recomputable: bool
     user_name: str | None = None
+    constants: tuple[int, ...] = ()
 
 
 def value_facts(program: Program, free: frozenset[int]
@@ -66,7 +69,9 @@ class _ValueTable:
             source=source, flops=flops,
             inputs=tuple(dict.fromkeys(a for a in inputs
                                        if isinstance(a, int) and a not in self.free)),
-            saveable=saveable, recomputable=recomputable, user_name=user_name)
+            saveable=saveable, recomputable=recomputable, user_name=user_name,
+            constants=tuple(dict.fromkeys(a for a in inputs
+                                          if isinstance(a, int) and a in self.program.consts)))
 
     def add_eqns(self, eqns: Sequence[Eqn], mult: int, alias: Mapping[int, Atom]) -> None:
         """The outputs of ``eqns``, each kept ``mult`` times if saved, reading ``alias``'s

@@ -53,12 +53,8 @@ def test_floor_is_at_or_below_no_remat_and_one_remat_per_layer(model):
 
 
 @pytest.mark.parametrize("budget", ["floor", "middle"])
-def test_plans_keep_the_gradients_and_save_what_they_say(model, budget, request):
-    m, loss, args = model
-    if m.name.startswith("penzai"):
-        # A known defect (issue 20): JAX keeps 8 to 36 bytes of scalars more than the
-        # plan counts on penzai's models. Strict: the test fails once they are counted.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="penzai scalar residuals"))
+def test_plans_keep_the_gradients_and_save_what_they_say(model, budget):
+    _, loss, args = model
     if budget == "middle":  # halfway from the floor to no remat
         floor = autoremat.plan(loss, *args, budget="floor")
         budget = (floor.peak_bytes + floor.no_remat_peak_bytes) // 2
