@@ -553,8 +553,9 @@ def _run_scan(eqn: Eqn, invals: list, consts: Mapping[int, Any], named: frozense
     if group > 1:
         carry, ys = _nested_scan(step, policy, init, xs, p["length"], group)
         return [*carry, *ys]
-    if policy is not None:  # XLA inlines a one-iteration loop, then merges what is not kept
-        step = jax.checkpoint(step, policy=policy, prevent_cse=p["length"] == 1)
+    if policy is not None:  # XLA inlines a loop of one iteration or fully unrolled, then
+        # merges what is not kept with the forward pass
+        step = jax.checkpoint(step, policy=policy, prevent_cse=p["unroll"] >= p["length"])
     carry, ys = jax.lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"],
                              unroll=p["unroll"])
     return [*carry, *ys]

@@ -306,3 +306,23 @@ def test_constraint_over_several_cpu_devices_compiles_over_as_many_target_device
     assert result["measured"][2] == (128 * 128 + 64 * 128) * 4  # replicated arguments
     # Six devices: no v5e topology of that size.
     assert "the step's mesh has 6. Shard the step over such a mesh" in result["error"]
+
+
+@needs_libtpu
+def test_a_fully_unrolled_scan_keeps_its_remat_on_the_compiler():
+    # penzai's LayerStack is a scan with unroll=True: XLA inlines the loop, and without
+    # prevent_cse merges each iteration's recompute back into the forward pass.
+    def block(h, w):
+        for _ in range(3):
+            h = jnp.tanh(h @ w)
+        return h
+
+    def loss(ws, x):
+        h, _ = jax.lax.scan(lambda h, w: (block(h, w), None), x, ws, unroll=True)
+        return jnp.sum(h.astype(jnp.float32) ** 2)
+
+    ws = jax.ShapeDtypeStruct((6, 256, 256), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((2048, 256), jnp.bfloat16)
+    floor = autoremat.plan(loss, ws, x, budget="floor", verify=None)
+    peak = autoremat.measure_step(floor.apply(loss), ws, x, target="tpu-v5e").peak_bytes
+    assert peak <= floor.peak_bytes
