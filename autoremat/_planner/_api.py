@@ -172,14 +172,21 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
     compiled_peak = lambda p: _measure.measure_step(p.apply(bound), *args, target=target,
                                                     argnums=argnums).peak_bytes
     if parse_budget(budget) == FLOOR:
-        floors = floor_plans(found, options, SolverClock(options.time_limit_s, len(found)),
-                             MODEL_ERROR)
-        contenders = [*floors[:options.verify_rounds],
-                      *obvious_plans(found, options, floors[0].no_remat_peak_bytes)]
-        return verified_floor(contenders, compiled_peak, options.verify)
+        return verified_floor(_floor_contenders(found, options), compiled_peak, options.verify)
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
-                      options.refine_rounds, obvious=lambda: obvious_plans(found, options))
+                      options.refine_rounds,
+                      fallbacks=lambda: _floor_contenders(found, options)[1:])
     return loop.run(budget)
+
+
+def _floor_contenders(found: Sequence[Candidate], options: PlanOptions) -> list[Plan]:
+    """The plans a verified floor is the lowest compiled of: the floor plans of the
+    placements whose model floor is within ``MODEL_ERROR`` of the least (at most
+    ``verify_rounds``, lowest first), then no remat and one remat per layer."""
+    floors = floor_plans(found, options, SolverClock(options.time_limit_s, len(found)),
+                         MODEL_ERROR)
+    return [*floors[:options.verify_rounds],
+            *obvious_plans(found, options, floors[0].no_remat_peak_bytes)]
 
 
 def _solver(found: Sequence[Candidate], options: PlanOptions, traced_at: float

@@ -49,9 +49,11 @@ class ClosedLoop:
       best: the plan that fit with the least recompute.
       tries, refines: compiles before a plan fit, and after.
       compiled: the decisions compiled so far.
-      obvious: the plans a user tries by hand (no remat, one remat per layer:
-        :func:`autoremat._planner._candidates.obvious_plans`), compiled below the model's
-        floor when its floor plan does not fit: the model may put them too high.
+      fallbacks: the plans compiled in turn below the model's floor when its floor plan
+        does not fit, since the model's error differs between them (the floor plans of
+        the other placements near the least, then the plans a user tries by hand:
+        :func:`autoremat._planner._candidates.obvious_plans`); the contenders of
+        :func:`verified_floor`, so that a budget at the verified floor fits.
     """
 
     solve: Callable[[Budget, Margins], Plan]
@@ -68,7 +70,7 @@ class ClosedLoop:
     tries: int = 0
     refines: int = 0
     compiled: set[tuple] = dataclasses.field(default_factory=set)
-    obvious: Callable[[], Sequence[Plan]] = tuple
+    fallbacks: Callable[[], Sequence[Plan]] = tuple
 
     def run(self, budget: Budget) -> Plan:
         """A plan whose compiler peak fits ``budget``: the cheapest found within the rounds.
@@ -111,7 +113,7 @@ class ClosedLoop:
         cheaper left to try (or the model has no plan for the budget any more).
 
         Below the model's floor, its floor plan (the one keeping the most room) may still
-        fit on the compiler, and where it does not, the obvious plans may (the first that
+        fit on the compiler, and where it does not, the ``fallbacks`` may (the first that
         fits is this round's; those that do not are counted as tries). Since the
         compiler's peak is not monotone in the model's, a plan compiled in an earlier round
         may have come out lower, and the floor reported is the lowest compiled.
@@ -132,7 +134,7 @@ class ClosedLoop:
         return plan, self.compiled_peak(plan)
 
     def _below_the_floor(self, floor: Plan) -> tuple[Plan, int]:
-        """The first of the model's ``floor`` plan and the obvious plans that fits on the
+        """The first of the model's ``floor`` plan and the ``fallbacks`` that fits on the
         compiler, and its peak.
 
         Raises:
@@ -140,9 +142,9 @@ class ClosedLoop:
         """
         assert self.budget_bytes is not None  # set by the caller
 
-        def plans() -> Iterator[Plan]:  # the obvious plans made only if needed
+        def plans() -> Iterator[Plan]:  # the fallbacks made only if needed
             yield floor
-            yield from self.obvious()
+            yield from self.fallbacks()
 
         for plan in plans():
             peak = self.compiled_peak(plan)

@@ -114,7 +114,7 @@ def test_plan_round_below_the_model_floor_compiles_the_floor_plan(base):
     assert info.value.floor_bytes == BUDGET + 3
 
 
-def test_plan_round_below_the_model_floor_then_compiles_the_obvious_plans(base):
+def test_plan_round_below_the_model_floor_then_compiles_the_fallbacks(base):
     floor, no_remat, per_layer = (_plan(base, BUDGET, f) for f in (50, 0, 40))
     peaks = {50: BUDGET + 9, 0: BUDGET + 2, 40: BUDGET - 1}
     made = []
@@ -124,12 +124,12 @@ def test_plan_round_below_the_model_floor_then_compiles_the_obvious_plans(base):
             raise autoremat.InfeasibleBudgetError(BUDGET, BUDGET + 1)
         return floor
 
-    def obvious():
+    def fallbacks():
         made.append(1)
         return [no_remat, per_layer]
 
     loop = dataclasses.replace(_loop(solve, lambda p: peaks[p.recompute_flops]),
-                               obvious=obvious)
+                               fallbacks=fallbacks)
     assert loop.plan_round(BUDGET) == (per_layer, BUDGET - 1)
     assert loop.tries == 2 and loop.lowest_peak == BUDGET + 2  # the two that did not fit
     peaks[40] = BUDGET + 5
