@@ -117,8 +117,10 @@ def residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
 
 def saved_bytes_as_written(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
     """Bytes of the residuals ``fn``'s VJP keeps, its arguments left out: what JAX saves
-    for ``fn`` run as written, without a checkpoint (a buffer once, each literal)."""
-    jaxpr = jax.make_jaxpr(lambda *a: jax.vjp(fn, *a)[1])(*avals).jaxpr
+    for ``fn`` run as written, without a checkpoint (a buffer once, each literal), as
+    :func:`autoremat._rewrite.as_written` runs it: its traced program."""
+    run = jax_core.jaxpr_as_fun(jax.make_jaxpr(fn)(*avals))
+    jaxpr = jax.make_jaxpr(lambda *a: jax.vjp(run, *a)[1])(*avals).jaxpr
     literals = [v for v in jaxpr.outvars if isinstance(v, jax_core.Literal)]
     kept = {v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal)} - set(jaxpr.invars)
     return sum(_program.nbytes(v.aval) for v in [*literals, *kept])
