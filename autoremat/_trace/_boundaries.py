@@ -71,8 +71,9 @@ def layer_cuts(program: Program) -> tuple[int, ...]:
     the tokens begin layers that hold one recurrence of most of the others each (code run
     twice per layer, a normalization's two reductions, does not qualify). Each recurs once
     per layer; the cuts are the recurrences of the one the fewest bytes cross
-    (:func:`crossing_bytes`), then the end of the last layer. Scans, and the slices of
-    their inputs made for them, are regions of their own, not tokens.
+    (:func:`crossing_bytes`), then the end of the last layer (:func:`_last_layer_end`).
+    Scans, and the slices of their inputs made for them, are regions of their own, not
+    tokens.
     """
     eqns = program.eqns
     in_scans = {j for i, s in scan_input_slices(program).items()
@@ -91,9 +92,24 @@ def layer_cuts(program: Program) -> tuple[int, ...]:
         if family and (window > 1 or len(lines) > 1):
             phase = min((p for p in family.values() if _begins_layers(p, family)),
                         key=lambda p: (int(crossing[p].sum()), p))
-            end = max(p[-1] for p in family.values()) + window
+            end = _last_layer_end(tokens, phase,
+                                  max(p[-1] for p in family.values()) + window)
             return tuple(sorted({*phase, end} - {0, len(eqns)}))
     return ()
+
+
+def _last_layer_end(tokens: list[_Token | None], starts: list[int], after_family: int
+                    ) -> int:
+    """Where the last of the layers that ``starts`` begin ends: a layer's length after its
+    start where its tokens repeat the layer before's, else just after the last of the
+    layers' tokens (``after_family``). That one misses the layer's end where its last
+    equations recur elsewhere in it too (a projection, its bias and the residual add, after
+    the attention's and the MLP's), or where a few tokens of the code after the layers
+    recur as often as the layers by chance."""
+    end = 2 * starts[-1] - starts[-2]
+    if end <= len(tokens) and tokens[starts[-2]:starts[-1]] == tokens[starts[-1]:end]:
+        return end
+    return after_family
 
 
 def _layer_family(positions: dict[tuple[_Token, ...], list[int]]

@@ -168,3 +168,16 @@ def test_the_zoo_resnet_gets_a_boundary_per_bottleneck_block():
     program = _program(m.make_loss(), (m.param_shapes(), m.batch_shapes()))
     assert len(_trace.segment_cuts(program)) <= 1  # the late narrow crossing hides them
     assert len(_trace.layer_cuts(program)) == 16 + 1  # each block, and the head
+
+
+def test_the_last_layer_ends_where_its_code_does():
+    """Flax hides its layers' source lines, and a block's last equations (a projection, its
+    bias, the residual add) recur in it after the attention too: the last layer still ends
+    after its MLP's residual add, as every other layer does."""
+    from bench import corpus
+
+    m = corpus.get("linen-encoder-tiny")
+    program = _program(m.make_loss(), m.init(jax.random.key(0)))
+    regions = autoremat._program.split_regions(program, Placement(_trace.layer_cuts(program)))
+    dots = [sum(e.primitive.name == "dot_general" for e in r.eqns) for r in regions]
+    assert dots == [0, 8, 8, 1]  # the embeddings, two blocks, the head
