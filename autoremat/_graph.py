@@ -143,8 +143,8 @@ class Graph:
       layout: how the values' bytes were counted (see :mod:`autoremat._layout`).
       placement: where its regions are (equation indices are those of the program with
         its scans split).
-      largest_grad_bytes: bytes of the largest argument gradient (the largest of the
-        compiler's output buffers).
+      grad_buffers: bytes of each floating-point argument's gradient (the compiler's
+        output buffers), largest first.
       fixed_flops: FLOPs every plan on this graph adds to the step whatever it decides:
         what JAX recomputes that no name reaches (values inside a nested loop or a
         ``cond``, made by a custom differentiation rule, or from literals; asked of JAX
@@ -160,7 +160,7 @@ class Graph:
     step_flops: int
     fingerprint: str
     placement: Placement
-    largest_grad_bytes: int = 0
+    grad_buffers: tuple[int, ...] = ()
     layout: Layout = "dense"
     fixed_flops: int = 0
     constants: tuple[Constant, ...] = ()
@@ -173,6 +173,21 @@ class Graph:
     def fixed_bytes(self) -> int:
         """Bytes every plan holds by the end: the arguments and their gradients."""
         return self.arg_bytes + self.grad_bytes
+
+    def reserved_room(self, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """How saved values of ``held`` bytes may share the gradients' buffers: ``(masks,
+        room)``, one bound per distinct buffer size ``s``: the values larger than ``s``
+        fit only in the buffers larger than ``s``, whose bytes are the bound's room (0 for
+        those larger than every buffer). Bounds whose values a larger size's bound counts
+        already are left out."""
+        sizes = sorted(set(self.grad_buffers), reverse=True)
+        masks, room = [], []
+        for s in sizes:
+            mask = held > s
+            if not masks or (mask != masks[-1]).any():
+                masks.append(mask)
+                room.append(sum(b for b in self.grad_buffers if b > s))
+        return np.array(masks, dtype=bool).reshape(-1, len(held)), np.array(room, np.int64)
 
     def backward_base_bytes(self) -> np.ndarray:
         """Bytes in use at each region's backward stage whatever the plan: the arguments,

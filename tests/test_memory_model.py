@@ -16,10 +16,14 @@ def test_activations_larger_than_every_weight_cannot_share_the_gradients():
     loss = lambda w1, w2, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w1) @ w2))
     _, _, graph = _trace.trace(lambda *a: [loss(*a)], [jax.ShapeDtypeStruct(a.shape, a.dtype)
                                                        for a in (w1, w2, x)])
-    assert graph.largest_grad_bytes == x.nbytes
+    assert graph.grad_buffers == (x.nbytes, w1.nbytes, w2.nbytes)
     problem = _solve.problem_of(graph)
     hidden = np.array([v.shape == (64, 32) for v in graph.values])
-    assert problem.unshared[hidden].all() and not problem.unshared[~hidden].any()
+    (larger, room_larger), (fits_x, room_x) = problem.reserved_bounds()
+    assert larger[hidden].all() and not larger[~hidden].any() and room_larger == 0
+    # The values of x's size fit in x's gradient alone.
+    assert (fits_x == np.array([v.nbytes > w1.nbytes for v in graph.values])).all()
+    assert room_x == x.nbytes
     backward, forward = graph.reserved_base_bytes()
     assert (backward - graph.backward_base_bytes() >= 0).all()
     assert (forward - graph.forward_base_bytes() == graph.grad_bytes).all()

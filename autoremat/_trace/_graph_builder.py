@@ -53,7 +53,7 @@ def graph_of(program: Program, placement: Placement, facts: ProgramFacts | None 
         fingerprint=facts.fingerprint,
         layout=program.layout,
         placement=placement,
-        largest_grad_bytes=max(grads, default=0),
+        grad_buffers=tuple(sorted(grads, reverse=True)),
         constants=_constants(build),
     )
     return build.regions, _sharding.per_device_flops(graph, program)

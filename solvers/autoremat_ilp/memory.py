@@ -24,11 +24,12 @@ and nothing to the stages in between, and takes ``held[v]`` bytes of host memory
 
 Reserved buffers (``unshared``): buffers that exist for the whole step (the compiler
 allocates the step's outputs apart, whatever their live range) but can hold any value
-that fits in one of them and is dead by the time it is written. Each stage then has a
-second bound, ``reserved_base[i]`` (backward) or ``reserved_forward_base[i]`` (forward)
-plus the same terms with the saved values restricted to ``unshared`` (those that fit in
-no reserved buffer): a stage's bytes are the larger of the two (the values that fit are
-taken to pack into the reserved buffers perfectly).
+that fits in one of them and is dead by the time it is written. Each stage then has
+further bounds, ``reserved_base[i]`` (backward) or ``reserved_forward_base[i]`` (forward)
+plus the same terms with the saved values restricted to a mask ``unshared[k]``, less the
+reserved bytes ``reserved_room[k]`` those values may share: a stage's bytes are the
+largest of the bounds (the values that fit are taken to pack into the room perfectly;
+values of a size that only some reserved buffers fit in have the room of those alone).
 """
 
 from __future__ import annotations
@@ -79,13 +80,14 @@ def stage_bytes(problem: Problem, save: np.ndarray, recompute: np.ndarray,
     held, own = _held_by_region(problem, saved)
     own += _by_region(problem, offloaded, problem.offload_forward)
     stages = _stages(problem, problem.base, problem.forward_base, held, own, trans)
-    if problem.unshared is None:
-        return stages
-    # ``unshared`` comes with both reserved bases.
-    assert problem.reserved_base is not None and problem.reserved_forward_base is not None
-    rheld, rown = _held_by_region(problem, saved & problem.unshared)
-    return np.maximum(stages, _stages(problem, problem.reserved_base,
-                                      problem.reserved_forward_base, rheld, rown, trans))
+    for mask, room in problem.reserved_bounds():
+        # ``unshared`` comes with both reserved bases.
+        assert problem.reserved_base is not None and problem.reserved_forward_base is not None
+        rheld, rown = _held_by_region(problem, saved & mask)
+        stages = np.maximum(stages, _stages(problem, problem.reserved_base - room,
+                                            problem.reserved_forward_base - room, rheld,
+                                            rown, trans))
+    return stages
 
 
 def _by_region(problem: Problem, mask: np.ndarray, nbytes: np.ndarray | None) -> np.ndarray:

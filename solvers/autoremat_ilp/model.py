@@ -5,19 +5,19 @@ Variables (:class:`Variables`, laid out by :class:`ColumnLayout` in this order):
 ``save[v]`` and ``recompute[v]`` (binary, per value), ``held[i]`` (continuous, per region:
 the bytes region ``i``'s saved values hold), ``peak`` (continuous, the objective of the
 min-peak model), then ``offload[v]`` (binary, only when the problem allows offload) and
-``held_unshared[i]`` (continuous, only with reserved buffers: ``held[i]`` restricted to
-the ``unshared`` values).
+``held_unshared[k, i]`` (continuous, only with reserved buffers: ``held[i]`` restricted to
+the values of the ``k``-th reserved bound).
 
 Families, in row order: :func:`_cover`, :func:`_inputs`, :func:`_save_or_offload`,
-:func:`_held` (twice with reserved buffers), :func:`_stage` (backward and forward stages,
-again against the reserved bounds), :func:`_host_memory`. The stage rows are the memory
+:func:`_held` (again per reserved bound), :func:`_stage` (backward and forward stages,
+again against each reserved bound), :func:`_host_memory`. The stage rows are the memory
 model of :mod:`autoremat_ilp.memory`.
 
 Objective: the total recompute cost plus offload cost under a budget, else the peak.
 Bytes are in units of the largest value (:func:`memory_unit`), costs in units of the
 largest cost (:func:`cost_unit`): coefficients near 1 keep the solver's tolerances
 meaningful (bytes reach 1e10). The program has ``2V + R + 1`` variables (``V`` more with
-offload, ``R`` more with reserved buffers) and ``O(V + E + R^2)`` nonzeros.
+offload, ``R`` more per reserved bound) and ``O(V + E + R^2)`` nonzeros.
 """
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ class Variables:
       held: per region, the bytes its saved values hold (in memory units).
       peak: the column of the peak (the min-peak objective).
       offload: per value, with offload; else ``None``.
-      held_unshared: per region, ``held`` over the ``unshared`` values, with reserved
-        buffers; else ``None``.
+      held_unshared: per reserved bound and region, ``held`` over the values the bound
+        counts (:meth:`Problem.reserved_bounds`), with reserved buffers; else ``None``.
     """
 
     save: np.ndarray
@@ -148,8 +148,9 @@ def _variables(problem: Problem, layout: ColumnLayout) -> Variables:
     if problem.offloading:
         assert problem.can_offload is not None
         offload = layout.block(np.zeros(V), problem.can_offload, integer=True)
-    held_unshared = (layout.block(np.zeros(R), np.inf, integer=False)
-                     if problem.unshared is not None else None)
+    bounds = len(problem.reserved_bounds())
+    held_unshared = (layout.block(np.zeros(bounds * R), np.inf, integer=False).reshape(bounds, R)
+                     if bounds else None)
     return Variables(save=save, recompute=recompute, held=held, peak=peak, offload=offload,
                      held_unshared=held_unshared)
 
@@ -280,11 +281,10 @@ def build_model(problem: Problem, budget: float | None) -> Model:
     if x.offload is not None:
         _save_or_offload(rows, x, problem)
     _held(rows, x.held, x, problem, problem.held, unit)
-    unshared = None
+    reserved = problem.reserved_bounds()
     if x.held_unshared is not None:
-        assert problem.unshared is not None
-        unshared = problem.unshared.astype(float)
-        _held(rows, x.held_unshared, x, problem, problem.held * unshared, unit)
+        for held, (mask, _) in zip(x.held_unshared, reserved, strict=True):
+            _held(rows, held, x, problem, problem.held * mask, unit)
     backward, forward = windows(problem)
 
     def stage(**kw):
@@ -295,12 +295,14 @@ def build_model(problem: Problem, budget: float | None) -> Model:
     stage(base=problem.forward_base, window=forward, held=x.held, own=problem.forward_held,
           transient=None, offloaded=problem.offload_forward)
     if x.held_unshared is not None:
-        assert unshared is not None
-        stage(base=problem.reserved_base, window=backward, held=x.held_unshared, own=None,
-              transient=problem.transient, offloaded=problem.offload_backward)
-        stage(base=problem.reserved_forward_base, window=forward, held=x.held_unshared,
-              own=problem.forward_held * unshared, transient=None,
-              offloaded=problem.offload_forward)
+        # ``unshared`` comes with both reserved bases.
+        assert problem.reserved_base is not None and problem.reserved_forward_base is not None
+        for held, (mask, room) in zip(x.held_unshared, reserved, strict=True):
+            stage(base=problem.reserved_base - room, window=backward, held=held, own=None,
+                  transient=problem.transient, offloaded=problem.offload_backward)
+            stage(base=problem.reserved_forward_base - room, window=forward, held=held,
+                  own=problem.forward_held * mask, transient=None,
+                  offloaded=problem.offload_forward)
     if x.offload is not None and math.isfinite(problem.host_budget):
         _host_memory(rows, x, problem, unit)
     milp = Milp(_objective(x, problem, layout.n, budget), rows.matrix(layout.n),

@@ -43,11 +43,12 @@ class Problem:
       offload_backward: bytes an offloaded value adds to its region's backward stage.
       host_budget: most bytes offloaded values may occupy in host memory (an offloaded
         value takes ``held[v]`` there).
-      reserved_base, reserved_forward_base, unshared: the second bound on each stage
-        (reserved buffers, :func:`autoremat_ilp.memory.stage_bytes`): its bytes whatever
-        the plan, with the reserved buffers, at each backward and forward stage, and the
-        mask of the values that cannot share them. ``None`` (the default): no second
-        bound.
+      reserved_base, reserved_forward_base, unshared, reserved_room: the further bounds on
+        each stage (reserved buffers, :func:`autoremat_ilp.memory.stage_bytes`): its bytes
+        whatever the plan, with the reserved buffers, at each backward and forward stage;
+        ``unshared``, a mask over the values, or one per bound (``(K, V)``), of those
+        counted; ``reserved_room``, per bound, the reserved bytes those values may share,
+        taken off the bound (``None``: none). ``None`` (the default): no further bound.
       nest: per region, the nested group it belongs to (``-1``: none); ``None`` (the
         default): no nesting.
 
@@ -102,7 +103,19 @@ class Problem:
     reserved_base: np.ndarray | None = None
     reserved_forward_base: np.ndarray | None = None
     unshared: np.ndarray | None = None
+    reserved_room: np.ndarray | None = None
     nest: np.ndarray | None = None
+
+    def reserved_bounds(self) -> list[tuple[np.ndarray, int]]:
+        """Each further stage bound's mask of the values it counts and the reserved bytes
+        they may share (see ``unshared``, ``reserved_room``); empty without reserved
+        buffers."""
+        if self.unshared is None:
+            return []
+        masks = np.atleast_2d(self.unshared).astype(bool)
+        room = np.zeros(len(masks), np.int64) if self.reserved_room is None \
+            else self.reserved_room
+        return [(m, int(r)) for m, r in zip(masks, room, strict=True)]
 
     @property
     def num_values(self) -> int:

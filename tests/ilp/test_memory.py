@@ -17,6 +17,22 @@ def test_a_saved_value_that_fits_no_reserved_buffer_is_counted_beside_all_of_the
     assert ilp.evaluate(without, save, ~save)[1] == 150
 
 
+def test_saved_values_pack_into_the_room_of_the_reserved_buffers_they_fit_in():
+    # One bound counting both values, which may share 20 reserved bytes.
+    problem = dataclasses.replace(two_regions(np.array([[True, True]])),
+                                  reserved_room=np.array([20]))
+    save = np.array([True, True])
+    # Backward stages: 70 + 100 - 20 and 70 + 110 - 20 (the other bound: 150 and 150).
+    assert ilp.stage_bytes(problem, save, ~save).tolist()[:2] == [150, 160]
+    no_room = dataclasses.replace(problem, reserved_room=None)
+    assert ilp.stage_bytes(no_room, save, ~save).tolist()[:2] == [170, 180]
+    for budget in (160, 170):  # the program's rows are the same bounds
+        solution = ilp.solve(problem, budget)
+        assert solution.save is not None and solution.recompute is not None
+        assert solution.peak == ilp.evaluate(problem, solution.save, solution.recompute)[1]
+        assert solution.peak <= budget
+
+
 def test_stages_are_backward_then_forward_and_count_saved_values_until_their_backward():
     problem = chain()
     save = np.array([False, True, False, True])
