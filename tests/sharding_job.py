@@ -109,7 +109,8 @@ def _explicit() -> dict[str, Any]:
         step = functools.partial(loss, out_sharding=P("data", None))
         sharded = _plan(step, sharded_ws, sharded_x, budget=0.6)
         planned = jax.jit(jax.grad(sharded.apply(step)))(sharded_ws, sharded_x)
-        optimized = jax.jit(jax.grad(autoremat.optimize(step, budget=0.6)))(sharded_ws, sharded_x)
+        optimized = jax.jit(jax.grad(autoremat.optimize(step, budget=sharded.budget_bytes)))(
+            sharded_ws, sharded_x)
     return {"full": _figures(full), "sharded": _figures(sharded),
             "grad_error": _max_error(expected, planned),
             "optimize_grad_error": _max_error(expected, optimized)}
