@@ -117,7 +117,7 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
     held = graph.array("multiplicity") * graph.array("nbytes")
     in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     reserved_base, reserved_forward_base = graph.reserved_base_bytes()
-    masks, room = graph.reserved_room(held)
+    masks, room = graph.reserved_room(held) if graph.grad_bytes else (None, None)
     problem = ilp.Problem(
         cost=((graph.recompute_flops() if op_times is None else
                recompute_costs(graph, op_times)) + graph.iterations() * (1 + moved)).astype(float),
@@ -139,8 +139,8 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
         # one only if it fits in it, as many as fit.
         reserved_base=reserved_base,
         reserved_forward_base=reserved_forward_base,
-        unshared=masks if graph.grad_bytes else None,
-        reserved_room=room if graph.grad_bytes else None,
+        unshared=masks,
+        reserved_room=room,
         nest=np.array([r.nest for r in graph.regions]) if nested.any() else None,
     )
     return problem if offload is None else offload_problem(graph, problem, offload)
