@@ -41,6 +41,9 @@ BUILTIN_POLICIES: dict[str, Callable | None] = {
     "nothing_saveable": jax.checkpoint_policies.nothing_saveable,
 }
 
+#: The status of a budget row the closed loop found no fitting plan for within its compiles.
+NOT_VERIFIED = "not verified"
+
 
 @dataclasses.dataclass(frozen=True)
 class Row:
@@ -184,7 +187,7 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         try:
             p = plan_with(loss, args, {}, budget, options)
         except (InfeasibleBudgetError, BudgetNotVerifiedError) as e:
-            status = "infeasible" if isinstance(e, InfeasibleBudgetError) else "not verified"
+            status = NOT_VERIFIED if isinstance(e, BudgetNotVerifiedError) else "infeasible"
             rows.append(dataclasses.replace(row, status=status,
                                             solve_seconds=time.perf_counter() - start))
             log(_row_line(rows[-1]))
@@ -338,8 +341,10 @@ class HandComparison:
         in its library's remat with ``nothing_saveable`` (the ``"nothing_saveable"`` row).
       floor: the compiler's peak of autoremat's (verified) floor plan.
       floor_regions, floor_compiles: its regions, and the compiles it took.
-      budgets: the budget rows planned (not infeasible).
-      fitted: of those, the ones whose compiler peak is within the budget.
+      budgets: the budget rows planned (not infeasible): those with a compiled plan, and
+        those the closed loop found none for within its compiles (``"not verified"``).
+      fitted: of those, the ones whose compiler peak is within the budget (a budget not
+        verified does not fit).
       below_line: of those, the ones whose overhead is at or below the straight line from
         the hand baseline to no remat at their peak (the hand overhead below the hand peak).
       mean_compiles: compiles per planned budget.
@@ -374,9 +379,11 @@ def compare_with_hand(sweep: Sweep) -> HandComparison | None:
     def line(peak: int) -> float:
         return hand_overhead * min(1.0, max(0.0, (top - peak) / span))
 
-    planned = [(r, r.real_peak_bytes, r.budget_bytes) for r in sweep.rows
-               if r.kind == "autoremat" and r.name != "floor"
-               and r.real_peak_bytes is not None and r.budget_bytes is not None]
+    budget_rows = [r for r in sweep.rows if r.kind == "autoremat" and r.name != "floor"
+                   and r.budget_bytes is not None]
+    unverified = sum(r.status == NOT_VERIFIED for r in budget_rows)
+    planned = [(r, r.real_peak_bytes, r.budget_bytes) for r in budget_rows
+               if r.real_peak_bytes is not None and r.budget_bytes is not None]
     fitted = [r for r, peak, budget in planned if peak <= budget]
     below = [r for r, peak, _ in planned if (sweep.overhead(r) or 0.0) <= line(peak) + 1e-4]
     compiles = [r.compiles for r, _, _ in planned if r.compiles]
@@ -384,7 +391,8 @@ def compare_with_hand(sweep: Sweep) -> HandComparison | None:
               if r.kind == "autoremat" and r.predicted_peak_bytes and r.real_peak_bytes]
     return HandComparison(
         no_remat=base.real_peak_bytes, hand=hand.real_peak_bytes, floor=floor.real_peak_bytes,
-        floor_regions=floor.regions, floor_compiles=floor.compiles, budgets=len(planned),
+        floor_regions=floor.regions, floor_compiles=floor.compiles,
+        budgets=len(planned) + unverified,
         fitted=len(fitted), below_line=len(below),
         mean_compiles=sum(compiles) / len(compiles) if compiles else None,
         worst_error=max(errors, default=None))

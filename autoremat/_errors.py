@@ -18,17 +18,19 @@ class AutorematError(Exception):
 class InfeasibleBudgetError(AutorematError, ValueError):
     """No plan fits the budget. ``floor_bytes`` is the smallest budget that any plan fits."""
 
-    def __init__(self, budget_bytes: int, floor_bytes: int):
+    def __init__(self, budget_bytes: int, floor_bytes: int, message: str | None = None):
         self.budget_bytes = budget_bytes
         self.floor_bytes = floor_bytes
-        super().__init__(
+        super().__init__(message or (
             f"no remat plan fits a budget of {budget_bytes} bytes ({format_bytes(budget_bytes)}); "
             f"the smallest feasible budget is {floor_bytes} bytes ({format_bytes(floor_bytes)}). "
-            "Raise the budget, shrink the batch, or shard the step.")
+            "Raise the budget, shrink the batch, or shard the step."))
 
 
-class BudgetNotVerifiedError(AutorematError, RuntimeError):
-    """The closed loop (``verify``) ran out of rounds before the compiler's peak fit."""
+class BudgetNotVerifiedError(InfeasibleBudgetError, RuntimeError):
+    """The closed loop (``verify``) compiled its rounds, then the floor plans and the obvious
+    plans, and none fit. ``floor_bytes`` is the lowest compiler peak among them: the
+    smallest budget known to fit."""
 
 
 class SolverTimeoutError(AutorematError, RuntimeError):

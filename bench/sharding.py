@@ -101,11 +101,11 @@ def plan_at(loss: Any, args: tuple, budget: int, time_limit_s: float, log: Compi
     row: dict[str, Any] = {"budget_bytes": budget}
     try:
         p = autoremat.plan(loss, *args, budget=budget, verify=TARGET, time_limit_s=time_limit_s)
+    except autoremat.BudgetNotVerifiedError as e:  # an InfeasibleBudgetError: first
+        row.update(status="not verified", floor_bytes=e.floor_bytes, error=str(e))
+        p = None
     except autoremat.InfeasibleBudgetError as e:
         row.update(status="infeasible", floor_bytes=e.floor_bytes, error=str(e))
-        p = None
-    except autoremat.BudgetNotVerifiedError as e:
-        row.update(status="not verified", error=str(e))
         p = None
     row.update(seconds=time.perf_counter() - start, compiles=list(log.calls))
     if p is not None:

@@ -45,6 +45,20 @@ def test_frontier_is_the_mixing_line_between_adjacent_builtins():
     assert _benchmark.frontier_gap(sweep, _plan(900, 0.5)) == float("inf")
 
 
+def test_a_budget_without_a_verified_plan_counts_as_not_fitting():
+    budget = dict(budget_bytes=300 * MIB)
+    sweep = _sweep(_builtin("no checkpoint", 400, 0.0), _builtin("nothing_saveable", 200, 0.2),
+                   _benchmark.Row("autoremat", "floor", real_peak_bytes=190 * MIB),
+                   _benchmark.Row("autoremat", "a", real_peak_bytes=290 * MIB,
+                                  compiler_overhead=0.05, **budget),
+                   _benchmark.Row("autoremat", "b", status=_benchmark.NOT_VERIFIED, **budget),
+                   _benchmark.Row("autoremat", "c", status="infeasible", **budget))
+    c = _benchmark.compare_with_hand(sweep)
+    assert c is not None
+    assert (c.budgets, c.fitted, c.below_line) == (2, 1, 1)
+    assert "| 1/2 | 1/2 |" in _benchmark.hand_table([sweep])
+
+
 def test_analytic_sweep_of_a_tiny_model_predicts_the_programs_flops():
     sweep = _benchmark.sweep(zoo.get("gpt2-small-tiny"), target=None, num_budgets=3,
                              options=autoremat.PlanOptions(time_limit_s=20))

@@ -136,7 +136,9 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         lowest plan, which is returned instead when it fits, and those of earlier rounds).
       SolverTimeoutError: the time limit passed before any plan was found.
       BudgetNotVerifiedError: with ``verify``, no plan fit on the compiler within
-        ``verify_rounds`` compiles.
+        ``verify_rounds`` compiles, nor the floor plans and the obvious plans compiled
+        after them (an :class:`InfeasibleBudgetError` whose ``floor_bytes`` is the lowest
+        compiler peak seen).
       CompilerUnavailableError: ``verify`` names a compiler this machine lacks.
 
     Example:

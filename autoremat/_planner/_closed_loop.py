@@ -75,11 +75,17 @@ class ClosedLoop:
     def run(self, budget: Budget) -> Plan:
         """A plan whose compiler peak fits ``budget``: the cheapest found within the rounds.
 
+        When ``verify_rounds`` compiles fit nothing, the model's floor plan and the
+        ``fallbacks`` are compiled in turn before giving up (the model's plans near its
+        floor may all compile above a budget that the verified floor fits).
+
         Raises:
-          InfeasibleBudgetError: not even the model's floor plan fits on the compiler.
-          BudgetNotVerifiedError: no plan fit within ``verify_rounds`` compiles.
+          InfeasibleBudgetError: the budget is below the model's floor, and neither its
+            floor plan nor a fallback fits on the compiler.
+          BudgetNotVerifiedError: no plan fit within ``verify_rounds`` compiles, nor the
+            floor plan or a fallback after them.
         """
-        model_budget, peak = budget, 0
+        model_budget = budget
         while self.rounds_left():
             round_ = self.plan_round(model_budget)
             if round_ is None:
@@ -92,15 +98,33 @@ class ClosedLoop:
             else:
                 self.exceeded(plan, peak)
             model_budget = self.budget_bytes
-        if self.best is not None:
-            return dataclasses.replace(self.best, verify_compiles=self.tries + self.refines)
+        if self.best is None:
+            self.after_the_rounds()
+        assert self.best is not None  # fitted, or raised above
+        return dataclasses.replace(self.best, verify_compiles=self.tries + self.refines)
+
+    def after_the_rounds(self) -> None:
+        """No plan of the rounds fit: the first of the model's floor plan and the
+        ``fallbacks`` that fits is the best.
+
+        Raises:
+          BudgetNotVerifiedError: none fits; the lowest compiler peak seen is the smallest
+            budget known to fit.
+        """
         # A round ran (verify_rounds >= 1) and set both.
         assert self.budget_bytes is not None and self.lowest_peak is not None
-        raise BudgetNotVerifiedError(
-            f"after {self.verify_rounds} compiles for {self.target} the step still peaks at "
-            f"{format_bytes(peak)} against a budget of {format_bytes(self.budget_bytes)} (the "
-            f"lowest plan compiled peaked at {format_bytes(self.lowest_peak)}); raise "
-            "verify_rounds or the budget.")
+        rounds = self.tries
+        try:
+            plan, peak = self._below_the_floor(self.solve(FLOOR, Margins()))
+        except InfeasibleBudgetError as e:
+            raise BudgetNotVerifiedError(
+                self.budget_bytes, e.floor_bytes,
+                f"after {rounds} compiles for {self.target}, and the floor plans and the "
+                f"obvious plans after them, no plan fits a budget of "
+                f"{format_bytes(self.budget_bytes)}: the lowest compiled peaks at "
+                f"{format_bytes(e.floor_bytes)}. Ask for that budget or more.") from None
+        self.learn(plan, peak)
+        self.fitted(plan, peak)
 
     def rounds_left(self) -> bool:
         """Compiles are left: ``verify_rounds`` until a plan fits, ``refine_rounds`` after."""

@@ -158,8 +158,26 @@ def test_run_converges_on_a_compiler_that_reads_high(base):
 
 def test_run_without_a_fit_says_how_far_it_got(base):
     loop = _loop(lambda b, m: _plan(base, BUDGET, 0), lambda p: 2 * BUDGET, verify_rounds=2)
-    with pytest.raises(autoremat.BudgetNotVerifiedError, match="after 2 compiles"):
+    with pytest.raises(autoremat.BudgetNotVerifiedError, match="after 2 compiles") as info:
         loop.run(BUDGET)
+    assert info.value.floor_bytes == 2 * BUDGET  # the lowest compiled
+    assert isinstance(info.value, autoremat.InfeasibleBudgetError)
+
+
+def test_run_out_of_rounds_compiles_the_floor_plan_and_the_fallbacks(base):
+    """The model's plans near its floor all compile above a budget that its floor plan, or
+    a plan a user tries by hand, fits (penzai's LayerStack at its verified floor)."""
+    floor, per_layer = _plan(base, BUDGET // 2, 50), _plan(base, BUDGET, 40)
+    peaks = {0: BUDGET + 3, 50: BUDGET + 1, 40: BUDGET - 1}
+    solve = lambda budget, margins: floor if budget == "floor" else _plan(base, BUDGET, 0)
+    loop = dataclasses.replace(_loop(solve, lambda p: peaks[p.recompute_flops],
+                                     verify_rounds=2), fallbacks=lambda: [per_layer])
+    plan = loop.run(BUDGET)
+    assert plan.recompute_flops == 40 and plan.verified_peak_bytes == BUDGET - 1
+    assert plan.verify_compiles == 4  # two rounds, the floor plan, the fallback
+    peaks[50] = BUDGET
+    loop = dataclasses.replace(loop, tries=0, best=None, lowest_peak=None, compiled=set())
+    assert loop.run(BUDGET).recompute_flops == 50
 
 
 def test_verified_floor_is_the_lowest_compiled(base):
