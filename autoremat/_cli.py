@@ -30,6 +30,7 @@ from autoremat._budget import parse_budget
 from autoremat._errors import AutorematError, CompilerUnavailableError, PolicyFileError
 from autoremat._layout import LAYOUTS
 from autoremat._planner import PlanOptions, plan_with
+from autoremat._planner._options import NODE_LIMIT
 from autoremat._policy_file import PolicyFile
 from autoremat._report import format_report
 
@@ -219,6 +220,10 @@ _PLAN_OPTIONS = (
                  default=60.0, show_default=True,
                  help="Planning time limit in seconds per plan (per closed-loop round; "
                       "tracing included)."),
+    click.option("--node-limit", type=click.IntRange(min=1), default=NODE_LIMIT,
+                 show_default=True,
+                 help="Branch-and-bound nodes per solve: a search it stops ends at the same "
+                      "plan on any machine, unlike the time limit."),
     click.option("--refine-rounds", type=click.IntRange(min=0), default=0, show_default=True,
                  help="With the closed loop, compiles it may spend on cheaper plans once "
                       "one fits."),
@@ -237,9 +242,10 @@ def _plan_options(command: Callable) -> Callable:
     """Adds :data:`_PLAN_OPTIONS` to ``command``, which gets them as one ``options``."""
 
     @functools.wraps(command)
-    def with_options(*args, time_limit_s, refine_rounds, layout, nested_scans,
+    def with_options(*args, time_limit_s, node_limit, refine_rounds, layout, nested_scans,
                      nested_segments, **kwargs):
-        options = PlanOptions(time_limit_s=time_limit_s, refine_rounds=refine_rounds,
+        options = PlanOptions(time_limit_s=time_limit_s, node_limit=node_limit,
+                              refine_rounds=refine_rounds,
                               layout=layout, nested_scans=nested_scans,
                               nested_segments=nested_segments)
         return command(*args, options=options, **kwargs)

@@ -34,8 +34,8 @@ class Plan:
         sums (``graph.fixed_flops``).
       step_flops: FLOPs of the forward and backward pass without remat.
       no_remat_peak_bytes: the predicted peak when every value the backward reads is saved.
-      status: ``"optimal"``, or ``"feasible"`` when the time limit stopped the solver
-        (see ``gap``).
+      status: ``"optimal"``, or ``"feasible"`` when the time limit or the node limit
+        stopped the solver (see ``gap``).
       gap: relative gap between the plan's recompute cost and the solver's lower bound.
       placement: where the remat regions are (:class:`autoremat.Placement`).
       solve_seconds: time spent in the solver.

@@ -168,7 +168,7 @@ def test_verified_floor_is_the_lowest_on_the_compiler_of_the_floor_plans_and_obv
     flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
     options = autoremat.PlanOptions()
     found = _candidates.candidates(flat_fn, avals, options)
-    floors = _floor.floor_plans(found, options, _candidates.SolverClock(60.0, len(found)),
+    floors = _floor.floor_plans(found, options, _candidates.SolverClock.of(options, len(found)),
                                 _closed_loop.MODEL_ERROR)
     assert len(floors) > 1  # two placements within the model's error of its floor
     assert floors[0].saved == autoremat.plan(loss, *args, budget="floor").saved

@@ -27,13 +27,14 @@ from autoremat._plan import Plan
 from autoremat._planner._candidates import Candidate, SolverClock, candidates, obvious_plans
 from autoremat._planner._closed_loop import MODEL_ERROR, ClosedLoop, verified_floor
 from autoremat._planner._floor import floor_plans
-from autoremat._planner._options import AUTO, PlanOptions
+from autoremat._planner._options import AUTO, NODE_LIMIT, PlanOptions
 from autoremat._planner._search import Margins, search
 
 
 def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
-         backends: tuple[str, ...] = ("HIGHS", "SCIP"), verify: str | None = AUTO,
-         verify_rounds: int = 4, refine_rounds: int = 0, offload: OffloadConfig | None = None,
+         node_limit: int | None = NODE_LIMIT, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
+         verify: str | None = AUTO, verify_rounds: int = 4, refine_rounds: int = 0,
+         offload: OffloadConfig | None = None,
          progress: Progress | None = None, op_times: OpTimes | None = None,
          layout: Layout = "dense", nested_scans: bool = False, nested_segments: bool = False,
          **kwargs: Any) -> Plan:
@@ -62,10 +63,14 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         never less than a quarter of an equal share of the limit per placement. It can
         run over by the solver's own setup, and by that floor when tracing alone takes
         most of the limit. Since the time left depends on the machine and its load, a
-        plan the limit stopped may differ between runs with the same function, shapes
-        and budget; a limit the solver ends within (status ``"optimal"``), or a saved
-        plan (:meth:`Plan.save`, :func:`load_plan`), makes it reproducible. With
-        ``verify``, each round (one plan, one compile) has its own limit.
+        plan the time limit stopped may differ between runs with the same function,
+        shapes and budget (a warning says so); a plan the solver proved (status
+        ``"optimal"``), one ``node_limit`` stopped, or a saved plan (:meth:`Plan.save`,
+        :func:`load_plan`) is reproducible. With ``verify``, each round (one plan, one
+        compile) has its own limit.
+      node_limit: the most branch-and-bound nodes of each solve (``None``: no limit). A
+        search it stops ends at the same plan on any machine (status ``"feasible"``, its
+        ``gap`` bounding how far from optimal).
       backends: MIP backends tried in turn within the time limit, from ``"HIGHS"``,
         ``"SCIP"`` and ``"CBC"`` (HiGHS through highspy, the others through OR-tools).
       verify: a target of :mod:`autoremat._measure` (``"tpu-v5e"``, ``"tpu-v4"``, ...,
@@ -151,7 +156,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
       >>> p = autoremat.plan(loss, w, x, budget="floor")
       >>> grads = jax.grad(p.apply(loss))(w, x)
     """
-    options = PlanOptions(time_limit_s=time_limit_s, backends=backends, verify=verify,
+    options = PlanOptions(time_limit_s=time_limit_s, node_limit=node_limit,
+                          backends=backends, verify=verify,
                           verify_rounds=verify_rounds, refine_rounds=refine_rounds,
                           offload=offload, progress=progress, op_times=op_times, layout=layout,
                           nested_scans=nested_scans, nested_segments=nested_segments)
@@ -185,7 +191,7 @@ def _floor_contenders(found: Sequence[Candidate], options: PlanOptions) -> list[
     """The plans a verified floor is the lowest compiled of: the floor plans of the
     placements whose model floor is within ``MODEL_ERROR`` of the least (at most
     ``verify_rounds``, lowest first), then no remat and one remat per layer."""
-    floors = floor_plans(found, options, SolverClock(options.time_limit_s, len(found)),
+    floors = floor_plans(found, options, SolverClock.of(options, len(found)),
                          MODEL_ERROR)
     return [*floors[:options.verify_rounds],
             *obvious_plans(found, options, floors[0].no_remat_peak_bytes)]
@@ -198,7 +204,7 @@ def _solver(found: Sequence[Candidate], options: PlanOptions, traced_at: float
     starts = iter([traced_at])
 
     def solve(budget: Budget, margins: Margins) -> Plan:
-        clock = SolverClock(options.time_limit_s, len(found), next(starts, time.perf_counter()))
+        clock = SolverClock.of(options, len(found), next(starts, time.perf_counter()))
         if parse_budget(budget) == FLOOR:
             return floor_plans(found, options, clock)[0]
         return search(found, budget, options, clock, margins)

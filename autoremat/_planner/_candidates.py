@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
+from typing import TypedDict
 
 import autoremat_ilp as ilp
 import jax
@@ -118,14 +120,35 @@ def plan_of(graph: Graph, d: _solve.Decisions, budget_bytes: int, no_remat_peak:
 _MIN_SOLVER_SHARE = 0.25
 
 
+class SolveLimits(TypedDict):
+    """The limits of one solve: keywords of :func:`autoremat_ilp.solve` and
+    :func:`autoremat_ilp.solve_min_peak`."""
+
+    time_limit_s: float
+    node_limit: int | None
+
+
 @dataclasses.dataclass(frozen=True)
 class SolverClock:
     """How the time limit is shared among the solves of ``placements`` placements, from
-    ``start`` (a :func:`time.perf_counter` reading)."""
+    ``start`` (a :func:`time.perf_counter` reading), each solve also stopped after
+    ``node_limit`` nodes."""
 
     time_limit_s: float
     placements: int
     start: float = dataclasses.field(default_factory=time.perf_counter)
+    node_limit: int | None = None
+
+    @classmethod
+    def of(cls, options: PlanOptions, placements: int, start: float | None = None
+           ) -> SolverClock:
+        """The clock of ``options``' limits, from ``start`` (default: now)."""
+        return cls(options.time_limit_s, placements,
+                   time.perf_counter() if start is None else start, options.node_limit)
+
+    def limits(self, left: int) -> SolveLimits:
+        """The limits of the next of ``left`` solves."""
+        return {"time_limit_s": self.share(left), "node_limit": self.node_limit}
 
     def share(self, left: int) -> float:
         """Seconds the solver gets for the next of ``left`` solves still to run: an equal
@@ -133,6 +156,17 @@ class SolverClock:
         part of all of it."""
         return solver_share(self.time_limit_s, time.perf_counter() - self.start, left,
                             self.placements)
+
+
+def checked(result: ilp.Solution) -> ilp.Solution:
+    """``result``, with a warning when the time limit, not the node limit, stopped its
+    search: the plan may then differ on another machine or under another load."""
+    if result.timed_out:
+        warnings.warn("the solver's time limit stopped a search before its node limit, so "
+                      "this plan may differ between runs (it depends on the machine's speed "
+                      "and load); for a reproducible plan raise time_limit_s or lower "
+                      "node_limit, or save the plan (Plan.save).", stacklevel=3)
+    return result
 
 
 def solver_share(time_limit_s: float, elapsed_s: float, left: int, placements: int) -> float:

@@ -11,7 +11,7 @@ from autoremat import _solve
 from autoremat._errors import SolverTimeoutError
 from autoremat._graph import Graph
 from autoremat._plan import Plan
-from autoremat._planner._candidates import Candidate, SolverClock, plan_of
+from autoremat._planner._candidates import Candidate, SolverClock, checked, plan_of
 from autoremat._planner._options import PlanOptions
 
 # The least-peak solve of one placement: its graph, problem and result.
@@ -29,8 +29,8 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
     lowest: list[_Lowest] = []
     for k, candidate in enumerate(candidates):
         graph, problem = candidate.problem(options)
-        lowest.append((graph, problem, ilp.solve_min_peak(
-            problem, time_limit_s=clock.share(len(candidates) + 2 - k))))
+        lowest.append((graph, problem, checked(ilp.solve_min_peak(
+            problem, **clock.limits(len(candidates) + 2 - k)))))
     found = sorted((r.peak, k) for k, (_, _, r) in enumerate(lowest) if r.save is not None)
     if not found:
         raise SolverTimeoutError("the solver found no plan for the floor budget; raise "
@@ -53,11 +53,11 @@ def _floor_plan(lowest: _Lowest, peak: int, solves: Sequence[ilp.Solution],
     placements."""
     graph, problem, floor = lowest
     unpacked = dataclasses.replace(problem, unshared=None)
-    low = ilp.solve_min_peak(unpacked, time_limit_s=clock.share(left))
-    result = ilp.solve(unpacked, low.peak, time_limit_s=clock.share(left - 1))
+    low = checked(ilp.solve_min_peak(unpacked, **clock.limits(left)))
+    result = checked(ilp.solve(unpacked, low.peak, **clock.limits(left - 1)))
     solves = [*solves, low, result]
     if result.save is None or _evaluated_peak(problem, result) > peak:
-        result = ilp.solve(problem, peak, time_limit_s=clock.share(left - 1))
+        result = checked(ilp.solve(problem, peak, **clock.limits(left - 1)))
         solves.append(result)
     if result.save is None:  # the time limit stopped both: the least-peak plan stands
         result = floor

@@ -14,6 +14,8 @@ from autoremat._op_times import OpTimes
 BACKENDS = ("HIGHS", "SCIP", "CBC")
 #: ``verify``'s default: the compiler of this process's accelerator, if it has one.
 AUTO = "auto"
+#: ``node_limit``'s default: branch-and-bound nodes per solve (see ``plan``).
+NODE_LIMIT = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +28,8 @@ class PlanOptions:
 
     Attributes:
       time_limit_s: stop planning after about this long with the best plan found.
+      node_limit: the most branch-and-bound nodes of each solve (``None``: no limit), which
+        stops a search at the same plan on any machine, unlike the time limit.
       backends: MIP backends tried in turn, from :data:`BACKENDS`.
       verify: the compiler target of the closed loop (``"tpu-v5e"``, ...), or ``None``;
         ``"auto"`` (default) is resolved on construction to this process's accelerator
@@ -48,10 +52,11 @@ class PlanOptions:
     Raises:
       ValueError: an option is out of range (``layout`` not ``"dense"`` or ``"tpu"``, a
         backend not one of :data:`BACKENDS`, ``verify_rounds`` below 1, ``refine_rounds``
-        below 0, a time limit not positive).
+        below 0, a time limit or a node limit not positive).
     """
 
     time_limit_s: float = 60.0
+    node_limit: int | None = NODE_LIMIT
     backends: tuple[str, ...] = ("HIGHS", "SCIP")
     verify: str | None = AUTO
     verify_rounds: int = 4
@@ -67,6 +72,8 @@ class PlanOptions:
         _layout.check(self.layout)
         if not self.time_limit_s > 0:
             raise ValueError(f"time_limit_s must be positive, not {self.time_limit_s!r}.")
+        if self.node_limit is not None and not self.node_limit >= 1:
+            raise ValueError(f"node_limit must be 1 or more (or None), not {self.node_limit!r}.")
         unknown = [b for b in self.backends if b not in BACKENDS]
         if unknown or not self.backends:
             raise ValueError(f"backends {tuple(self.backends)!r}: choose from {BACKENDS}.")

@@ -15,6 +15,7 @@ from autoremat._errors import InfeasibleBudgetError, SolverTimeoutError
 from autoremat._graph import Graph
 from autoremat._placement import Placement
 from autoremat._plan import Plan
+from autoremat._planner import _candidates
 from autoremat._planner._candidates import Candidate, SolverClock, no_remat_plan, plan_of
 from autoremat._planner._options import PlanOptions
 from autoremat._trace import ProgramFacts
@@ -90,7 +91,7 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
         outcomes.append(_solve_placement(candidates[k].facts, graph, problem, baseline,
                                          no_remat_peak, budget_bytes,
                                          margins.of(graph.placement), options,
-                                         lambda k=k: clock.share(len(candidates) - k)))
+                                         lambda k=k: clock.limits(len(candidates) - k)))
         if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
             break
     return _cheapest(outcomes, budget_bytes, options, clock)
@@ -98,8 +99,8 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
 
 def _solve_placement(facts: ProgramFacts, graph: Graph, problem: ilp.Problem,
                      baseline: _solve.Decisions, no_remat_peak: int, budget_bytes: int,
-                     margin: int, options: PlanOptions, share: Callable[[], float]
-                     ) -> _Outcome:
+                     margin: int, options: PlanOptions,
+                     limits: Callable[[], _candidates.SolveLimits]) -> _Outcome:
     """The :class:`_Outcome` of one placement (``graph`` of the program of ``facts``) within
     ``budget_bytes - margin`` (``baseline``: its no-remat decisions; ``no_remat_peak``: the
     least over the placements)."""
@@ -111,8 +112,8 @@ def _solve_placement(facts: ProgramFacts, graph: Graph, problem: ilp.Problem,
                                       options), replay)
     if within < lower_bound(problem):
         return _Outcome(below=(problem, margin))
-    result = ilp.solve(problem, within, time_limit_s=share(),
-                       backends=options.backends, progress=options.progress)
+    result = _candidates.checked(ilp.solve(problem, within, **limits(), backends=options.backends,
+                               progress=options.progress))
     if result.status is ilp.Status.INFEASIBLE:
         return _Outcome(floor=result.peak + margin, solve_seconds=result.wall_s)
     bound = math.inf if result.status is ilp.Status.OPTIMAL else result.bound + replay
@@ -140,7 +141,7 @@ def _cheapest(outcomes: Sequence[_Outcome], budget_bytes: int, options: PlanOpti
     below = [o.below for o in outcomes if o.below is not None]
     floors = [o.floor for o in outcomes if o.floor is not None]
     if len(floors) + len(below) == len(outcomes):
-        lowest = [(ilp.solve_min_peak(p, time_limit_s=clock.share(len(below) - k)), m)
+        lowest = [(_candidates.checked(ilp.solve_min_peak(p, **clock.limits(len(below) - k))), m)
                   for k, (p, m) in enumerate(below)]
         floors += [r.peak + m for r, m in lowest if r.save is not None]
         if floors:

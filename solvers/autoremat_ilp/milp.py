@@ -10,7 +10,8 @@ solution and bound) while it searches and, measured on the zoo's tiny models, so
 budgets to the same costs as OR-tools' bundled (older) HiGHS, several times faster
 (gpt2-small-tiny 31.7 s -> 8.3 s in all); ``"SCIP"`` and ``"CBC"`` through OR-tools'
 ``pywraplp``. All run single-threaded, so results are deterministic for given solver
-versions (a time limit that stops a search aside).
+versions, except where a time limit stops a search: a node limit (HiGHS and SCIP) stops it
+at the same place on any machine, and :attr:`MilpResult.timed_out` says which stopped it.
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ class MilpResult:
       objective: ``c @ x``.
       bound: the solver's lower bound on the optimum.
       wall_s: seconds the solve took.
+      timed_out: the time limit stopped the search (its result then depends on the
+        machine's speed and load); ``False`` when it ended otherwise (proven, or stopped by
+        the node limit: the same on any machine).
     """
 
     status: Status
@@ -102,6 +106,7 @@ class MilpResult:
     objective: float
     bound: float
     wall_s: float
+    timed_out: bool = False
 
     @property
     def gap(self) -> float:
@@ -139,6 +144,7 @@ def solve_milp(
     *,
     backend: str = "HIGHS",
     time_limit_s: float | None = None,
+    node_limit: int | None = None,
     relative_gap: float = 0.0,
     progress: Progress | None = None,
 ) -> MilpResult:
@@ -148,6 +154,9 @@ def solve_milp(
       milp: the model.
       backend: ``"HIGHS"``, ``"SCIP"`` or ``"CBC"``.
       time_limit_s: stop after this many seconds and return the best solution found.
+      node_limit: stop after this many branch-and-bound nodes and return the best solution
+        found (HiGHS and SCIP; CBC ignores it): unlike the time limit, the same on every
+        machine.
       relative_gap: stop once the relative optimality gap is at most this.
       progress: called while HiGHS (through highspy) searches, at each better solution
         and every quarter second or so after one was found, and once at the end with the
@@ -158,15 +167,15 @@ def solve_milp(
       A :class:`MilpResult`; ``x`` is rounded for integer variables.
     """
     if backend == "HIGHS":
-        result = _solve_highspy(milp, time_limit_s, relative_gap, progress)
+        result = _solve_highspy(milp, time_limit_s, node_limit, relative_gap, progress)
     else:
-        result = _solve_ortools(milp, backend, time_limit_s, relative_gap)
+        result = _solve_ortools(milp, backend, time_limit_s, node_limit, relative_gap)
     if progress is not None and result.x is not None:
         progress(result.wall_s, result.objective, min(result.bound, result.objective))
     return result
 
 
-def _solve_highspy(milp: Milp, time_limit_s: float | None,
+def _solve_highspy(milp: Milp, time_limit_s: float | None, node_limit: int | None,
                    relative_gap: float, progress: Progress | None) -> MilpResult:
     # The raw binding: the public ``highspy.Highs`` prints HiGHS's banner on stdout when
     # it is made, before output can be switched off.
@@ -176,6 +185,8 @@ def _solve_highspy(milp: Milp, time_limit_s: float | None,
     h.setOptionValue("mip_rel_gap", float(relative_gap))
     if time_limit_s is not None:
         h.setOptionValue("time_limit", max(1e-3, float(time_limit_s)))
+    if node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(node_limit))
     h.passModel(_to_highs_lp(milp))
     start = time.perf_counter()
     errors: list[BaseException] = []
@@ -189,16 +200,17 @@ def _solve_highspy(milp: Milp, time_limit_s: float | None,
     if status in (highspy.HighsModelStatus.kInfeasible,
                   highspy.HighsModelStatus.kUnboundedOrInfeasible):
         return MilpResult(Status.INFEASIBLE, None, math.inf, math.inf, wall_s)
+    timed_out = status == highspy.HighsModelStatus.kTimeLimit
     info = h.getInfo()
     if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-        return MilpResult(Status.NO_SOLUTION, None, math.inf, -math.inf, wall_s)
+        return MilpResult(Status.NO_SOLUTION, None, math.inf, -math.inf, wall_s, timed_out)
     x = np.asarray(h.getSolution().col_value)
     x = np.where(milp.integer, np.round(x), x)
     objective = float(milp.c @ x)
     if status == highspy.HighsModelStatus.kOptimal:
         return MilpResult(Status.OPTIMAL, x, objective, objective, wall_s)
     bound = float(info.mip_dual_bound) if milp.integer.any() else -math.inf
-    return MilpResult(Status.FEASIBLE, x, objective, bound, wall_s)
+    return MilpResult(Status.FEASIBLE, x, objective, bound, wall_s, timed_out)
 
 
 def _to_highs_lp(milp: Milp) -> object:
@@ -250,7 +262,7 @@ def _report_progress(h: Any, progress: Progress, start: float,
 
 
 def _solve_ortools(milp: Milp, backend: str, time_limit_s: float | None,
-                   relative_gap: float) -> MilpResult:
+                   node_limit: int | None, relative_gap: float) -> MilpResult:
     solver = pywraplp.Solver.CreateSolver(backend)
     if solver is None:
         raise ValueError(f"OR-tools has no MIP backend {backend!r}; use 'HIGHS', 'SCIP' or 'CBC'")
@@ -260,6 +272,8 @@ def _solve_ortools(milp: Milp, backend: str, time_limit_s: float | None,
     solver.SuppressOutput()
     if backend == "HIGHS":  # its banner ignores SuppressOutput
         solver.SetSolverSpecificParametersAsString("output_flag=false\n")
+    if backend == "SCIP" and node_limit is not None:
+        solver.SetSolverSpecificParametersAsString(f"limits/nodes = {int(node_limit)}\n")
     solver.SetNumThreads(1)
     if time_limit_s is not None:
         solver.SetTimeLimit(max(1, int(time_limit_s * 1000)))
@@ -270,12 +284,15 @@ def _solve_ortools(milp: Milp, backend: str, time_limit_s: float | None,
     wall_s = time.perf_counter() - start
     if code == pywraplp.Solver.INFEASIBLE:
         return MilpResult(Status.INFEASIBLE, None, math.inf, math.inf, wall_s)
+    # pywraplp does not say which limit stopped a search: the clock tells.
+    timed_out = (code != pywraplp.Solver.OPTIMAL and time_limit_s is not None
+                 and wall_s >= 0.99 * time_limit_s)
     if code not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        return MilpResult(Status.NO_SOLUTION, None, math.inf, -math.inf, wall_s)
+        return MilpResult(Status.NO_SOLUTION, None, math.inf, -math.inf, wall_s, timed_out)
     x = np.array([v.solution_value() for v in solver.variables()])
     x = np.where(milp.integer, np.round(x), x)
     objective = float(milp.c @ x)
     if code == pywraplp.Solver.OPTIMAL:
         return MilpResult(Status.OPTIMAL, x, objective, objective, wall_s)
     bound = float(solver.Objective().BestBound())
-    return MilpResult(Status.FEASIBLE, x, objective, bound, wall_s)
+    return MilpResult(Status.FEASIBLE, x, objective, bound, wall_s, timed_out)

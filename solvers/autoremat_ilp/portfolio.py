@@ -17,8 +17,9 @@ __all__ = ["solve", "solve_min_peak"]
 
 
 def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
-          relative_gap: float = 1e-4, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
-          progress: Progress | None = None) -> Solution:
+          node_limit: int | None = None, relative_gap: float = 1e-4,
+          backends: tuple[str, ...] = ("HIGHS", "SCIP"), progress: Progress | None = None
+          ) -> Solution:
     """The least-cost plan whose peak is at most ``budget`` bytes.
 
     The backends are tried in turn, sharing ``time_limit_s``, until one proves its plan
@@ -33,6 +34,8 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
       problem: the problem.
       budget: the most bytes any stage may hold.
       time_limit_s: seconds for all backends together.
+      node_limit: branch-and-bound nodes for each MILP solve (see
+        :func:`~autoremat_ilp.milp.solve_milp`); ``None``: no limit.
       relative_gap: a plan within this relative gap of the lower bound counts as optimal.
       backends: MILP backends tried in turn (:func:`~autoremat_ilp.milp.solve_milp`).
       progress: ``progress(elapsed_s, best, bound)`` is called while the backends search
@@ -46,19 +49,21 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
     """
     start = time.perf_counter()
     report = None if progress is None else _running_best(progress, start, cost_unit(problem))
-    result = _portfolio(problem, budget, time_limit_s, relative_gap, backends, report)
+    result = _portfolio(problem, budget, time_limit_s, node_limit, relative_gap, backends,
+                        report)
     if progress is not None and result.save is not None:
         progress(time.perf_counter() - start, result.cost, min(result.bound, result.cost))
     return result
 
 
 def solve_min_peak(problem: Problem, *, time_limit_s: float | None = None,
-                   backend: str = "HIGHS") -> Solution:
+                   node_limit: int | None = None, backend: str = "HIGHS") -> Solution:
     """A plan with the smallest peak the model allows (its cost not minimized).
 
     Args:
       problem: the problem.
       time_limit_s: seconds for the solve; ``None``: no limit.
+      node_limit: branch-and-bound nodes for the solve; ``None``: no limit.
       backend: the MILP backend (:func:`~autoremat_ilp.milp.solve_milp`).
 
     Returns:
@@ -66,8 +71,9 @@ def solve_min_peak(problem: Problem, *, time_limit_s: float | None = None,
       when its status is ``OPTIMAL``; ``bound`` is a lower bound on it, in bytes).
     """
     model = build_model(problem, None)
-    return _solution(problem, model,
-                     solve_milp(model.milp, backend=backend, time_limit_s=time_limit_s))
+    return _solution(problem, model, solve_milp(model.milp, backend=backend,
+                                                time_limit_s=time_limit_s,
+                                                node_limit=node_limit))
 
 
 def _running_best(progress: Progress, start: float, unit: float) -> Progress:
@@ -84,39 +90,50 @@ def _running_best(progress: Progress, start: float, unit: float) -> Progress:
     return report
 
 
-def _portfolio(problem: Problem, budget: int, time_limit_s: float, relative_gap: float,
-               backends: tuple[str, ...], progress: Progress | None) -> Solution:
+def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: int | None,
+               relative_gap: float, backends: tuple[str, ...], progress: Progress | None
+               ) -> Solution:
+    """The result of the backends tried in turn; ``timed_out`` where the time limit
+    stopped any solve it was chosen among."""
     start = time.perf_counter()
     best: Solution | None = None
     share = time_limit_s / len(backends)
+    timed_out = False
     for backend in backends:
-        res = _solve_within_budget(problem, budget, share, relative_gap, backend, progress)
+        res = _solve_within_budget(problem, budget, share, node_limit, relative_gap, backend,
+                                   progress)
+        timed_out |= res.timed_out
         if res.status is Status.OPTIMAL:
-            return dataclasses.replace(res, wall_s=time.perf_counter() - start)
+            return dataclasses.replace(res, wall_s=time.perf_counter() - start,
+                                       timed_out=timed_out)
         if res.status is Status.INFEASIBLE:
             break
         if res.save is not None and (best is None or res.cost < best.cost):
             best = res
     if best is None:
-        floor = solve_min_peak(problem, time_limit_s=share, backend=backends[0])
+        floor = solve_min_peak(problem, time_limit_s=share, node_limit=node_limit,
+                               backend=backends[0])
+        timed_out |= floor.timed_out
         if floor.save is None or floor.peak > budget:
             proven = floor.status is Status.OPTIMAL
             status = Status.INFEASIBLE if proven else Status.NO_SOLUTION
             return dataclasses.replace(floor, status=status, save=None, recompute=None,
-                                       offload=None, wall_s=time.perf_counter() - start)
+                                       offload=None, wall_s=time.perf_counter() - start,
+                                       timed_out=timed_out)
         # Its bound and gap are about the peak: nothing is known about the least cost.
         best = dataclasses.replace(floor, bound=0.0, gap=1.0)
-    return dataclasses.replace(best, status=Status.FEASIBLE, wall_s=time.perf_counter() - start)
+    return dataclasses.replace(best, status=Status.FEASIBLE, wall_s=time.perf_counter() - start,
+                               timed_out=timed_out)
 
 
 def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
-                         relative_gap: float, backend: str, progress: Progress | None
-                         ) -> Solution:
+                         node_limit: int | None, relative_gap: float, backend: str,
+                         progress: Progress | None) -> Solution:
     margin = 0
     for _ in range(4):
         model = build_model(problem, budget - margin)
         res = _solution(problem, model, solve_milp(
-            model.milp, backend=backend, time_limit_s=time_limit_s,
+            model.milp, backend=backend, time_limit_s=time_limit_s, node_limit=node_limit,
             relative_gap=relative_gap, progress=progress))
         # The solver's feasibility tolerance is relative; the exact peak decides.
         if res.save is None or res.peak <= budget:
@@ -131,7 +148,7 @@ def _solution(problem: Problem, model: Model, result: MilpResult) -> Solution:
     bound = result.bound * model.unit
     if result.x is None:
         return Solution(result.status, None, None, math.inf, 0, bound, math.inf,
-                        result.wall_s)
+                        result.wall_s, timed_out=result.timed_out)
     x = model.variables
     offered = None if x.offload is None else result.x[x.offload] > 0.5
     save, recompute, offload = prune(problem, result.x[x.save] > 0.5,
@@ -140,4 +157,4 @@ def _solution(problem: Problem, model: Model, result: MilpResult) -> Solution:
         offload = None
     cost, peak = evaluate(problem, save, recompute, offload)
     return Solution(result.status, save, recompute, cost, peak, bound, result.gap,
-                    result.wall_s, offload)
+                    result.wall_s, offload, result.timed_out)

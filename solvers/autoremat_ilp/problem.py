@@ -145,6 +145,8 @@ class Solution:
       gap: the relative gap between the plan's objective and ``bound``.
       wall_s: seconds the solve took.
       offload: the offload mask when the problem allows offload, else ``None``.
+      timed_out: the time limit stopped a MILP solve this outcome was chosen among (it
+        may then differ on another machine, or under another load).
     """
 
     status: Status
@@ -156,3 +158,4 @@ class Solution:
     gap: float
     wall_s: float
     offload: np.ndarray | None = None
+    timed_out: bool = False

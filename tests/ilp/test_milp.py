@@ -1,10 +1,12 @@
-"""The MILP front end: HiGHS through highspy or OR-tools, and progress reports (on
+"""The MILP front end: HiGHS through highspy or OR-tools, progress reports and limits (on
 Checkmate's MILP of a small graph, a model that takes the solvers a few steps)."""
 
 import math
 
 import autoremat_solvers
+import numpy as np
 import pytest
+import scipy.sparse as sp
 from autoremat_ilp import Milp, Status, solve_milp
 from autoremat_solvers import (
     checkmate_milp,
@@ -56,3 +58,28 @@ def test_one_status_for_the_milp_and_the_research_solvers():
     assert autoremat_solvers.Status is Status
     result = autoremat_solvers.SOLVERS["checkmate_milp"](GRAPH, math.inf)
     assert result.status is Status.OPTIMAL
+
+
+def _knapsack(n: int) -> Milp:
+    """A strongly correlated 0-1 knapsack (values = weights + 1000): HiGHS branches."""
+    w = np.random.default_rng(0).integers(1000, 10000, n).astype(float)
+    return Milp(c=-(w + 1000), A=sp.csr_matrix(w[None]), row_lb=np.array([-np.inf]),
+                row_ub=np.array([w.sum() / 2]), var_lb=np.zeros(n), var_ub=np.ones(n),
+                integer=np.ones(n, dtype=bool))
+
+
+def test_a_node_limit_stops_the_search_at_the_same_solution_whatever_the_time_limit():
+    model = _knapsack(30)
+    short, long = (solve_milp(model, node_limit=5, time_limit_s=t) for t in (10.0, 100.0))
+    assert short.status is long.status is Status.FEASIBLE  # stopped before proving it
+    assert not short.timed_out and not long.timed_out
+    assert np.array_equal(short.x, long.x)
+    full = solve_milp(model)
+    assert full.status is Status.OPTIMAL and not full.timed_out
+    assert full.objective <= short.objective and short.bound <= full.objective + 1e-6
+
+
+@pytest.mark.parametrize("backend", ["HIGHS", "SCIP"])
+def test_a_time_limit_that_stops_the_search_says_so(backend):
+    result = solve_milp(_model(), backend=backend, time_limit_s=1e-3)
+    assert result.status is not Status.OPTIMAL and result.timed_out

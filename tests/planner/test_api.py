@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import warnings
+
+import autoremat_ilp as ilp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import autoremat
-from autoremat._planner import _api
+from autoremat._planner import _api, _candidates
 
 
 def _loss(w, x, activations):
@@ -46,3 +51,13 @@ def test_nnx_module_with_a_list_attribute():
     optimized = flax_nnx.optimize(loss, budget=1.0)
     assert float(optimized(model, x)) == pytest.approx(float(loss(model, x)), rel=1e-6)
     assert float(optimized(model, x)) == pytest.approx(float(loss(model, x)), rel=1e-6)
+
+
+def test_a_solve_the_time_limit_stopped_warns_that_the_plan_may_differ_between_runs():
+    stopped = ilp.Solution(ilp.Status.FEASIBLE, None, None, math.inf, 0, 0.0, 1.0, 1.0,
+                           timed_out=True)
+    with pytest.warns(UserWarning, match="may differ between runs"):
+        assert _candidates.checked(stopped) is stopped
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the node limit, or a proof: the same on any machine
+        _candidates.checked(dataclasses.replace(stopped, timed_out=False))

@@ -61,6 +61,7 @@ def test_optimize_takes_every_option_and_refuses_others():
     ({"verify_rounds": 0}, "verify_rounds must be 1 or more"),
     ({"refine_rounds": -1}, "refine_rounds must be 0 or more"),
     ({"time_limit_s": 0}, "time_limit_s must be positive"),
+    ({"node_limit": 0}, "node_limit must be 1 or more"),
 ])
 def test_bad_options_are_refused_when_made(options, message):
     with pytest.raises(ValueError, match=message):
