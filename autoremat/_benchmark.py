@@ -30,6 +30,7 @@ from autoremat._budget import format_bytes
 from autoremat._cost import live_flops
 from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError
 from autoremat._layout import Layout
+from autoremat._placement import Placement
 from autoremat._plan import Plan
 from autoremat._planner import PlanOptions, plan, plan_with
 
@@ -63,6 +64,9 @@ class Row:
       status: the plan's solver status, or ``"infeasible"``.
       compiles: the compiles planning made (autoremat rows with ``verify``).
       regions: the plan's number of remat regions (autoremat rows).
+      structure: how its placement runs the program otherwise than one region per scan
+        and per segment (scans split into pieces, nested scans or segments), ``"-"`` for
+        none (autoremat rows).
     """
 
     kind: str
@@ -78,6 +82,7 @@ class Row:
     status: str | None = None
     compiles: int | None = None
     regions: int | None = None
+    structure: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +181,8 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
     add(Row("autoremat", "floor", budget_bytes=floor,
             predicted_peak_bytes=lowest.peak_bytes, predicted_overhead=lowest.overhead,
             status=lowest.status, solve_seconds=lowest.solve_seconds,
-            compiles=lowest.verify_compiles, regions=_regions(lowest)), lowest.apply(loss))
+            compiles=lowest.verify_compiles, regions=_regions(lowest),
+            structure=structure(lowest.placement)), lowest.apply(loss))
     # On the compiler, budgets run from the floor plan's real peak.
     low = max(floor, rows[-1].real_peak_bytes or floor)
     top = (base.peak_bytes if base is not None else plan_with(
@@ -195,13 +201,24 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
         add(dataclasses.replace(row, predicted_peak_bytes=p.peak_bytes,
                                 predicted_overhead=p.overhead, status=p.status,
                                 solve_seconds=time.perf_counter() - start,
-                                compiles=p.verify_compiles, regions=_regions(p)), p.apply(loss))
+                                compiles=p.verify_compiles, regions=_regions(p),
+                                structure=structure(p.placement)), p.apply(loss))
     return Sweep(model.name, model.description, target, floor, tuple(rows), versions())
 
 
 def _regions(p: Plan) -> int:
     """A plan's number of remat regions."""
     return len(p.graph.regions)
+
+
+def structure(placement: Placement) -> str:
+    """The table's short form of how ``placement`` restructures the program: ``"split
+    1+2+3"`` per split scan, ``"nested scan 2"``, ``"nested segments 3"``; ``"-"``."""
+    parts = [f"split {'+'.join(map(str, p))}" for p in placement.scan_pieces if p]
+    parts += [f"nested scan {g}" for g in placement.scan_groups if g > 1]
+    if placement.segment_group > 1:
+        parts.append(f"nested segments {placement.segment_group}")
+    return ", ".join(parts) or "-"
 
 
 def floor_bytes(fn: Callable, *args: Any, layout: Layout = "dense") -> int:
@@ -278,8 +295,8 @@ def table(sweep: Sweep) -> str:
     lines = [
         ("| kind | policy / budget | predicted peak MiB | real peak MiB | predicted overhead "
         "| compiler overhead | program overhead | below built-in frontier by | solve s "
-        "| compile s | compiles | regions | status |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "| compile s | compiles | regions | structure | status |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sweep.rows:
         gap = frontier_gap(sweep, r) if r.kind == "autoremat" else None
         gap_text = "-" if gap is None else ("no built-in fits" if gap == float("inf")
@@ -290,7 +307,7 @@ def table(sweep: Sweep) -> str:
             f"{_mib(r.real_peak_bytes)} | {_pct(r.predicted_overhead)} | "
             f"{_pct(r.compiler_overhead)} | {_pct(r.program_overhead)} | {gap_text} | "
             f"{secs(r.solve_seconds)} | {secs(r.compile_seconds)} | {_count(r.compiles)} | "
-            f"{_count(r.regions)} | {r.status or '-'} |")
+            f"{_count(r.regions)} | {r.structure or '-'} | {r.status or '-'} |")
     return "\n".join(lines)
 
 

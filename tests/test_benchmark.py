@@ -59,6 +59,13 @@ def test_a_budget_without_a_verified_plan_counts_as_not_fitting():
     assert "| 1/2 | 1/2 |" in _benchmark.hand_table([sweep])
 
 
+def test_structure_names_what_a_placement_restructures():
+    assert _benchmark.structure(autoremat.Placement(cuts=(3,))) == "-"
+    assert _benchmark.structure(autoremat.Placement(scan_pieces=((), (1, 2, 3)))) == "split 1+2+3"
+    assert _benchmark.structure(autoremat.Placement(scan_groups=(1, 4), segment_group=2)) == (
+        "nested scan 4, nested segments 2")
+
+
 def test_analytic_sweep_of_a_tiny_model_predicts_the_programs_flops():
     sweep = _benchmark.sweep(zoo.get("gpt2-small-tiny"), target=None, num_budgets=3,
                              options=autoremat.PlanOptions(time_limit_s=20))
