@@ -35,7 +35,7 @@ EXTERNAL = {
     "notebooks": ("*.ipynb",),
     "autoremat/_planner": ("README.md",),
     "solvers/autoremat_ilp": ("README.md",),
-    "bench/results": ("*.md", "*.png", "*.json"),
+    "bench/results": ("*.md", "*.png", "*.json", "corpus/*.md", "corpus/*.png", "corpus/*.json"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
 }
