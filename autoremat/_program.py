@@ -187,7 +187,56 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
     args = tuple(fresh(v.aval) for v in closed.jaxpr.invars)
     eqns: list[Eqn] = []
     outs = walk(closed.jaxpr, closed.consts, args, True, eqns)
-    return Program(avals, args, consts, _live(eqns, outs), tuple(outs), tuple(call_shardings))
+    live = _live(eqns, outs)
+    ids = _renumbering(args, live, outs)
+    return Program({ids[i]: a for i, a in avals.items() if i in ids},
+                   tuple(ids[a] for a in args), {ids[i]: c for i, c in consts.items() if i in ids},
+                   tuple(_renumbered(e, ids) for e in live), _atoms(outs, ids),
+                   tuple((ids[i], s) for i, s in call_shardings if i in ids))
+
+
+def _renumbering(args: Sequence[int], eqns: Sequence[Eqn], outs: Sequence[Atom]
+                 ) -> dict[int, int]:
+    """New ids for the values of the live program, in the order of the old ones, without
+    gaps: the ids of a value then depend on the live program alone, not on the dead
+    equations and unread constants of its trace (a Keras model's first trace has hundreds
+    that later traces lack), so that a plan made on one trace applies to another."""
+    used = {*args, *(a for a in outs if isinstance(a, int))}
+
+    def visit(es: Sequence[Eqn]) -> None:
+        for e in es:
+            used.update(a for a in (*e.ins, *e.outs) if isinstance(a, int))
+            if e.scan_body is not None:
+                b = e.scan_body
+                used.update(a for a in (*b.consts, *b.carry_in, *b.xs_in, *b.carry_out,
+                                        *b.ys_out) if isinstance(a, int))
+                visit(b.eqns)
+            if e.shard_body is not None:
+                used.update(a for a in (*e.shard_body.ins, *e.shard_body.outs)
+                            if isinstance(a, int))
+                visit(e.shard_body.eqns)
+
+    visit(eqns)
+    return {old: new for new, old in enumerate(sorted(used))}
+
+
+def _atoms(atoms: Sequence[Atom], ids: Mapping[int, int]) -> tuple[Atom, ...]:
+    return tuple(ids[a] if isinstance(a, int) else a for a in atoms)
+
+
+def _renumbered(e: Eqn, ids: Mapping[int, int]) -> Eqn:
+    """Equation ``e`` with its value ids mapped by ``ids``."""
+    nums = lambda values: tuple(ids[v] for v in values)
+    body, shard = e.scan_body, e.shard_body
+    return dataclasses.replace(
+        e, ins=_atoms(e.ins, ids), outs=nums(e.outs),
+        scan_body=None if body is None else ScanBody(
+            nums(body.consts), nums(body.carry_in), nums(body.xs_in),
+            tuple(_renumbered(b, ids) for b in body.eqns), _atoms(body.carry_out, ids),
+            _atoms(body.ys_out, ids)),
+        shard_body=None if shard is None else ShardBody(
+            nums(shard.ins), tuple(_renumbered(b, ids) for b in shard.eqns),
+            _atoms(shard.outs, ids)))
 
 
 def fingerprint_of(program: Program) -> str:
@@ -553,11 +602,16 @@ def _run_scan(eqn: Eqn, invals: list, consts: Mapping[int, Any], named: frozense
     if group > 1:
         carry, ys = _nested_scan(step, policy, init, xs, p["length"], group)
         return [*carry, *ys]
-    if policy is not None:  # XLA inlines a loop of one iteration or fully unrolled, then
-        # merges what is not kept with the forward pass
-        step = jax.checkpoint(step, policy=policy, prevent_cse=p["unroll"] >= p["length"])
+    unroll = p["unroll"]
+    if policy is not None:
+        # XLA inlines a loop of one iteration, then merges what is not kept with the
+        # forward pass. A fully unrolled loop, inlined, gets its recomputation scheduled
+        # early, every iteration's at once (penzai's LayerStack: its floor plan compiled
+        # at the hand remat's peak, far above the model's): it runs rolled.
+        step = jax.checkpoint(step, policy=policy, prevent_cse=p["length"] == 1)
+        unroll = 1 if unroll >= p["length"] else unroll
     carry, ys = jax.lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"],
-                             unroll=p["unroll"])
+                             unroll=unroll)
     return [*carry, *ys]
 
 

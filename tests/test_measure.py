@@ -310,19 +310,24 @@ def test_constraint_over_several_cpu_devices_compiles_over_as_many_target_device
 
 @needs_libtpu
 def test_a_fully_unrolled_scan_keeps_its_remat_on_the_compiler():
-    # penzai's LayerStack is a scan with unroll=True: XLA inlines the loop, and without
-    # prevent_cse merges each iteration's recompute back into the forward pass.
-    def block(h, w):
-        for _ in range(3):
-            h = jnp.tanh(h @ w)
-        return h
+    # penzai's LayerStack is a scan with unroll=True: XLA inlines the loop, merges each
+    # iteration's recompute back into the forward pass without prevent_cse, and with it
+    # schedules every iteration's recompute at once. Its plans run the loop rolled.
+    def layer(h, w):
+        w1, w2 = w
+        return jnp.tanh(jax.nn.silu(h @ w1) * (h @ w1) @ w2), None
 
-    def loss(ws, x):
-        h, _ = jax.lax.scan(lambda h, w: (block(h, w), None), x, ws, unroll=True)
-        return jnp.sum(h.astype(jnp.float32) ** 2)
+    def scanned(step):
+        return lambda ws, x: jnp.sum(
+            jax.lax.scan(step, x, ws, unroll=True)[0].astype(jnp.float32) ** 2)
 
-    ws = jax.ShapeDtypeStruct((6, 256, 256), jnp.bfloat16)
+    loss = scanned(layer)
+    hand = scanned(jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable))
+    ws = (jax.ShapeDtypeStruct((6, 256, 1024), jnp.bfloat16),
+          jax.ShapeDtypeStruct((6, 1024, 256), jnp.bfloat16))
     x = jax.ShapeDtypeStruct((2048, 256), jnp.bfloat16)
     floor = autoremat.plan(loss, ws, x, budget="floor", verify=None)
     peak = autoremat.measure_step(floor.apply(loss), ws, x, target="tpu-v5e").peak_bytes
     assert peak <= floor.peak_bytes
+    # Unrolled, the plan compiled at 73.9 MB, above the hand remat's 72.4 (30.9 rolled).
+    assert peak < 0.5 * autoremat.measure_step(hand, ws, x, target="tpu-v5e").peak_bytes
