@@ -301,7 +301,8 @@ def test_solver_time_limit_gives_the_best_plan_or_a_timeout():
     floor = _floor(loss, args)
     budget = (floor + autoremat.plan(loss, *args, budget=1.0).budget_bytes) // 2
     try:
-        plan = autoremat.plan(loss, *args, budget=budget, time_limit_s=0.01)
+        with pytest.warns(UserWarning, match="time limit stopped a search .* may differ"):
+            plan = autoremat.plan(loss, *args, budget=budget, time_limit_s=0.01)
     except autoremat.SolverTimeoutError as e:
         assert str(e) == (f"the solver found no plan within 0.01 s for a budget of "
                           f"{format_bytes(budget)}; raise time_limit_s or the budget.")
