@@ -24,7 +24,13 @@ from autoremat._layout import Layout
 from autoremat._offload import OffloadConfig
 from autoremat._op_times import OpTimes
 from autoremat._plan import Plan
-from autoremat._planner._candidates import Candidate, SolverClock, candidates, obvious_plans
+from autoremat._planner._candidates import (
+    Candidate,
+    SolverClock,
+    as_written_plan,
+    candidates,
+    obvious_plans,
+)
 from autoremat._planner._closed_loop import MODEL_ERROR, ClosedLoop, verified_floor
 from autoremat._planner._floor import floor_plans
 from autoremat._planner._options import AUTO, NODE_LIMIT, PlanOptions
@@ -183,7 +189,8 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
         return verified_floor(_floor_contenders(found, options), compiled_peak, options.verify)
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
                       options.refine_rounds,
-                      fallbacks=lambda: _floor_contenders(found, options)[1:])
+                      fallbacks=lambda: _floor_contenders(found, options)[1:],
+                      no_remat=lambda: as_written_plan(found, options))
     return loop.run(budget)
 
 

@@ -18,6 +18,11 @@ from autoremat._planner._search import Margins
 # Lowered a little past the measured excess, so the next plan does not land on the edge.
 MARGIN_BYTES = 2**20
 
+# A plan recomputing at most this part of the step's FLOPs saves all but cheap values,
+# which the compiler fuses in the function as written: with ``verify`` the function as
+# written is compiled too (the model puts it far higher: it counts every saved value).
+NEAR_NO_REMAT = 0.01
+
 # How far the model's peak may be from the compiler's (within 10% on the zoo's plans but
 # for some at the no-remat end; see bench/results/): with ``verify``, the floor plans of
 # the placements whose model floor is within it of the least are compiled.
@@ -54,6 +59,10 @@ class ClosedLoop:
         the other placements near the least, then the plans a user tries by hand:
         :func:`autoremat._planner._candidates.obvious_plans`); the contenders of
         :func:`verified_floor`, so that a budget at the verified floor fits.
+      no_remat: the plan that recomputes nothing (the function as written where it can
+        be: :func:`autoremat._planner._candidates.as_written_plan`), compiled once a plan
+        fits that recomputes at most ``NEAR_NO_REMAT`` of the step: nothing recomputes
+        less, and the compiler may fit it.
     """
 
     solve: Callable[[Budget, Margins], Plan]
@@ -71,6 +80,7 @@ class ClosedLoop:
     refines: int = 0
     compiled: set[tuple] = dataclasses.field(default_factory=set)
     fallbacks: Callable[[], Sequence[Plan]] = tuple
+    no_remat: Callable[[], Plan] | None = None
 
     def run(self, budget: Budget) -> Plan:
         """A plan whose compiler peak fits ``budget``: the cheapest found within the rounds.
@@ -100,6 +110,8 @@ class ClosedLoop:
             model_budget = self.budget_bytes
         if self.best is None:
             self.after_the_rounds()
+        elif recompute_cost(self.best) > 0:
+            self.without_remat()
         assert self.best is not None  # fitted, or raised above
         return dataclasses.replace(self.best, verify_compiles=self.tries + self.refines)
 
@@ -125,6 +137,23 @@ class ClosedLoop:
                 f"{format_bytes(e.floor_bytes)}. Ask for that budget or more.") from None
         self.learn(plan, peak)
         self.fitted(plan, peak)
+
+    def without_remat(self) -> None:
+        """A plan that recomputes at most ``NEAR_NO_REMAT`` of the step fit: the plan that
+        recomputes nothing is the best instead where it fits too."""
+        assert self.budget_bytes is not None and self.best is not None  # set by the rounds
+        if self.no_remat is None or recompute_cost(self.best) > NEAR_NO_REMAT * max(
+                1, self.best.step_flops):
+            return
+        plan = self.no_remat()
+        decided = (plan.placement, plan.saved, plan.recomputed, plan.offloaded)
+        if decided in self.compiled:
+            return
+        self.compiled.add(decided)
+        peak = self.compiled_peak(plan)
+        self.learn(plan, peak)
+        if peak <= self.budget_bytes:
+            self.fitted(plan, peak)
 
     def rounds_left(self) -> bool:
         """Compiles are left: ``verify_rounds`` until a plan fits, ``refine_rounds`` after."""

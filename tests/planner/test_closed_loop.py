@@ -8,7 +8,12 @@ import pytest
 
 import autoremat
 from autoremat._placement import Placement
-from autoremat._planner._closed_loop import MARGIN_BYTES, ClosedLoop, verified_floor
+from autoremat._planner._closed_loop import (
+    MARGIN_BYTES,
+    NEAR_NO_REMAT,
+    ClosedLoop,
+    verified_floor,
+)
 from autoremat._planner._search import Margins
 from tests.models import MODELS
 
@@ -184,3 +189,27 @@ def test_verified_floor_is_the_lowest_compiled(base):
     floors = [_plan(base, 10, 0, A), _plan(base, 11, 0, B)]
     chosen = verified_floor(floors, lambda p: {A: 30, B: 20}[p.placement], "tpu-v5e")
     assert chosen.placement == B and chosen.verified_peak_bytes == 20
+
+
+def test_a_fitting_plan_that_recomputes_little_gives_way_to_no_remat_where_that_fits_too(base):
+    """Near no remat the compiler may fit the function as written, which the model puts
+    far above the budget (nnx-transformer at its no-remat peak: a plan recomputing 0.16%
+    of the step compiled instead)."""
+    little = int(NEAR_NO_REMAT * base.step_flops)
+    none = _plan(base, 3 * BUDGET, 0, B)
+    peaks = {little: BUDGET - 5, 10 * little: BUDGET - 5, 0: BUDGET - 1}
+    made = []
+
+    def run(flops):
+        fits = _plan(base, BUDGET, flops)
+        loop = dataclasses.replace(_loop(lambda b, m: fits, lambda p: peaks[p.recompute_flops]),
+                                   no_remat=lambda: made.append(1) or none)
+        return loop.run(BUDGET)
+
+    plan = run(little)
+    assert plan.recompute_flops == 0 and plan.verified_peak_bytes == BUDGET - 1
+    assert plan.verify_compiles == 2
+    assert run(10 * little).recompute_flops == 10 * little and len(made) == 1  # not tried
+    peaks[0] = BUDGET + 1
+    plan = run(little)  # compiled, does not fit: the plan that recomputes stands
+    assert plan.recompute_flops == little and plan.verify_compiles == 2 and len(made) == 2
