@@ -29,6 +29,11 @@ NEAR_NO_REMAT = 0.01
 MODEL_ERROR = 0.1
 
 
+def decisions(p: Plan) -> tuple:
+    """What a plan decides, to tell whether it was compiled already."""
+    return (p.placement, p.saved, p.recomputed, p.offloaded)
+
+
 def recompute_cost(p: Plan) -> int:
     """What a plan adds to the step: its recomputed FLOPs and its offloads' cost."""
     return p.recompute_flops + p.offload_flops
@@ -146,7 +151,7 @@ class ClosedLoop:
                 1, self.best.step_flops):
             return
         plan = self.no_remat()
-        decided = (plan.placement, plan.saved, plan.recomputed, plan.offloaded)
+        decided = decisions(plan)
         if decided in self.compiled:
             return
         self.compiled.add(decided)
@@ -179,7 +184,7 @@ class ClosedLoop:
             self.budget_bytes = self.budget_bytes or e.budget_bytes
             return self._below_the_floor(self.solve(FLOOR, Margins()))
         self.budget_bytes = self.budget_bytes or plan.budget_bytes
-        decided = (plan.placement, plan.saved, plan.recomputed, plan.offloaded)
+        decided = decisions(plan)
         if self.best is not None and (decided in self.compiled or
                                       recompute_cost(plan) >= recompute_cost(self.best)):
             return None
