@@ -66,8 +66,9 @@ class ClosedLoop:
         :func:`verified_floor`, so that a budget at the verified floor fits.
       no_remat: the plan that recomputes nothing (the function as written where it can
         be: :func:`autoremat._planner._candidates.as_written_plan`), compiled once a plan
-        fits that recomputes at most ``NEAR_NO_REMAT`` of the step: nothing recomputes
-        less, and the compiler may fit it.
+        that recomputes fits where a plan compiled recomputes at most ``NEAR_NO_REMAT`` of
+        the step: nothing recomputes less, and the compiler may fit it.
+      near_no_remat: a plan compiled so far recomputes at most ``NEAR_NO_REMAT``.
     """
 
     solve: Callable[[Budget, Margins], Plan]
@@ -86,6 +87,7 @@ class ClosedLoop:
     compiled: set[tuple] = dataclasses.field(default_factory=set)
     fallbacks: Callable[[], Sequence[Plan]] = tuple
     no_remat: Callable[[], Plan] | None = None
+    near_no_remat: bool = False
 
     def run(self, budget: Budget) -> Plan:
         """A plan whose compiler peak fits ``budget``: the cheapest found within the rounds.
@@ -115,7 +117,7 @@ class ClosedLoop:
             model_budget = self.budget_bytes
         if self.best is None:
             self.after_the_rounds()
-        elif recompute_cost(self.best) > 0:
+        elif recompute_cost(self.best) > 0 and self.near_no_remat:
             self.without_remat()
         assert self.best is not None  # fitted, or raised above
         return dataclasses.replace(self.best, verify_compiles=self.tries + self.refines)
@@ -144,11 +146,12 @@ class ClosedLoop:
         self.fitted(plan, peak)
 
     def without_remat(self) -> None:
-        """A plan that recomputes at most ``NEAR_NO_REMAT`` of the step fit: the plan that
-        recomputes nothing is the best instead where it fits too."""
-        assert self.budget_bytes is not None and self.best is not None  # set by the rounds
-        if self.no_remat is None or recompute_cost(self.best) > NEAR_NO_REMAT * max(
-                1, self.best.step_flops):
+        """A plan that recomputes fit, and one compiled recomputes at most
+        ``NEAR_NO_REMAT`` of the step (whether it fit or not: the model's plans near no
+        remat may compile far above it): the plan that recomputes nothing is the best
+        instead where it fits."""
+        assert self.budget_bytes is not None  # set by the rounds
+        if self.no_remat is None:
             return
         plan = self.no_remat()
         decided = decisions(plan)
@@ -214,6 +217,7 @@ class ClosedLoop:
 
     def learn(self, plan: Plan, peak: int) -> None:
         """Counts the compile and records the compiler's error on the plan's placement."""
+        self.near_no_remat |= recompute_cost(plan) <= NEAR_NO_REMAT * max(1, plan.step_flops)
         if self.best is None:
             self.tries += 1
         else:
