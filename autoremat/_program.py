@@ -199,8 +199,9 @@ def _renumbering(args: Sequence[int], eqns: Sequence[Eqn], outs: Sequence[Atom]
                  ) -> dict[int, int]:
     """New ids for the values of the live program, in the order of the old ones, without
     gaps: the ids of a value then depend on the live program alone, not on the dead
-    equations and unread constants of its trace (a Keras model's first trace has hundreds
-    that later traces lack), so that a plan made on one trace applies to another."""
+    equations and unread constants of its trace (a Keras model's first trace has 116
+    unread constants, and its ids ran to 2955 against 889 for later traces), so that a
+    plan made on one trace applies to another."""
     used = {*args, *(a for a in outs if isinstance(a, int))}
 
     def visit(es: Sequence[Eqn]) -> None:

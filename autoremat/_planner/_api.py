@@ -190,7 +190,7 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
                       options.refine_rounds,
                       fallbacks=lambda: _floor_contenders(found, options)[1:],
-                      no_remat=lambda: as_written_plan(found, options))
+                      no_remat=lambda peak: as_written_plan(found, options, peak))
     return loop.run(budget)
 
 

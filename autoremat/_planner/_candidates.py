@@ -86,14 +86,11 @@ def obvious_plans(found: Sequence[Candidate], options: PlanOptions,
             plan_of(graph, d, d.peak_bytes, no_remat, options)]
 
 
-def as_written_plan(found: Sequence[Candidate], options: PlanOptions,
-                    no_remat: int | None = None) -> Plan:
+def as_written_plan(found: Sequence[Candidate], options: PlanOptions, no_remat: int) -> Plan:
     """The plan that recomputes nothing, on the program of ``found[0]`` (scans whole): the
-    function as written where it can be (:func:`no_remat_plan`). Its
-    ``no_remat_peak_bytes`` is :func:`no_remat_peak` of ``found`` (``no_remat`` where the
-    caller has it)."""
+    function as written where it can be (:func:`no_remat_plan`). ``no_remat``: its
+    ``no_remat_peak_bytes``, :func:`no_remat_peak` of ``found``."""
     whole = found[0]
-    no_remat = no_remat_peak(found, options) if no_remat is None else no_remat
     graph, problem = whole.problem(options)
     baseline = dataclasses.replace(_solve.no_remat(graph, problem), status="feasible")
     return no_remat_plan(whole.facts, graph, baseline, baseline.peak_bytes, no_remat, options)

@@ -65,7 +65,8 @@ class ClosedLoop:
         :func:`autoremat._planner._candidates.obvious_plans`); the contenders of
         :func:`verified_floor`, so that a budget at the verified floor fits.
       no_remat: the plan that recomputes nothing (the function as written where it can
-        be: :func:`autoremat._planner._candidates.as_written_plan`), compiled once a plan
+        be: :func:`autoremat._planner._candidates.as_written_plan`), of the model's
+        no-remat peak (``Plan.no_remat_peak_bytes``, which it reports), compiled once a plan
         that recomputes fits where a plan compiled recomputes at most ``NEAR_NO_REMAT`` of
         the step: nothing recomputes less, and the compiler may fit it.
       near_no_remat: a plan compiled so far recomputes at most ``NEAR_NO_REMAT``.
@@ -86,7 +87,7 @@ class ClosedLoop:
     refines: int = 0
     compiled: set[tuple] = dataclasses.field(default_factory=set)
     fallbacks: Callable[[], Sequence[Plan]] = tuple
-    no_remat: Callable[[], Plan] | None = None
+    no_remat: Callable[[int], Plan] | None = None
     near_no_remat: bool = False
 
     def run(self, budget: Budget) -> Plan:
@@ -150,10 +151,10 @@ class ClosedLoop:
         ``NEAR_NO_REMAT`` of the step (whether it fit or not: the model's plans near no
         remat may compile far above it): the plan that recomputes nothing is the best
         instead where it fits."""
-        assert self.budget_bytes is not None  # set by the rounds
+        assert self.budget_bytes is not None and self.best is not None  # set by the rounds
         if self.no_remat is None:
             return
-        plan = self.no_remat()
+        plan = self.no_remat(self.best.no_remat_peak_bytes)
         decided = decisions(plan)
         if decided in self.compiled:
             return

@@ -15,8 +15,14 @@ from autoremat._errors import InfeasibleBudgetError, SolverTimeoutError
 from autoremat._graph import Graph
 from autoremat._placement import Placement
 from autoremat._plan import Plan
-from autoremat._planner import _candidates
-from autoremat._planner._candidates import Candidate, SolverClock, no_remat_plan, plan_of
+from autoremat._planner._candidates import (
+    Candidate,
+    SolveLimits,
+    SolverClock,
+    checked,
+    no_remat_plan,
+    plan_of,
+)
 from autoremat._planner._options import PlanOptions
 from autoremat._trace import ProgramFacts
 
@@ -100,7 +106,7 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
 def _solve_placement(facts: ProgramFacts, graph: Graph, problem: ilp.Problem,
                      baseline: _solve.Decisions, no_remat_peak: int, budget_bytes: int,
                      margin: int, options: PlanOptions,
-                     limits: Callable[[], _candidates.SolveLimits]) -> _Outcome:
+                     limits: Callable[[], SolveLimits]) -> _Outcome:
     """The :class:`_Outcome` of one placement (``graph`` of the program of ``facts``) within
     ``budget_bytes - margin`` (``baseline``: its no-remat decisions; ``no_remat_peak``: the
     least over the placements)."""
@@ -112,7 +118,7 @@ def _solve_placement(facts: ProgramFacts, graph: Graph, problem: ilp.Problem,
                                       options), replay)
     if within < lower_bound(problem):
         return _Outcome(below=(problem, margin))
-    result = _candidates.checked(ilp.solve(problem, within, **limits(), backends=options.backends,
+    result = checked(ilp.solve(problem, within, **limits(), backends=options.backends,
                                progress=options.progress))
     if result.status is ilp.Status.INFEASIBLE:
         return _Outcome(floor=result.peak + margin, solve_seconds=result.wall_s)
@@ -141,7 +147,7 @@ def _cheapest(outcomes: Sequence[_Outcome], budget_bytes: int, options: PlanOpti
     below = [o.below for o in outcomes if o.below is not None]
     floors = [o.floor for o in outcomes if o.floor is not None]
     if len(floors) + len(below) == len(outcomes):
-        lowest = [(_candidates.checked(ilp.solve_min_peak(p, **clock.limits(len(below) - k))), m)
+        lowest = [(checked(ilp.solve_min_peak(p, **clock.limits(len(below) - k))), m)
                   for k, (p, m) in enumerate(below)]
         floors += [r.peak + m for r, m in lowest if r.save is not None]
         if floors:

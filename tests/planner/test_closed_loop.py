@@ -203,7 +203,7 @@ def test_a_fitting_plan_that_recomputes_little_gives_way_to_no_remat_where_that_
     def run(flops):
         fits = _plan(base, BUDGET, flops)
         loop = dataclasses.replace(_loop(lambda b, m: fits, lambda p: peaks[p.recompute_flops]),
-                                   no_remat=lambda: made.append(1) or none)
+                                   no_remat=lambda peak: made.append(peak) or none)
         return loop.run(BUDGET)
 
     plan = run(little)
@@ -215,7 +215,7 @@ def test_a_fitting_plan_that_recomputes_little_gives_way_to_no_remat_where_that_
     peaks[little] = BUDGET + 50
     loop = dataclasses.replace(
         _loop(lambda b, m: near if m == Margins() else fits, lambda p: peaks[p.recompute_flops]),
-        no_remat=lambda: made.append(1) or none)
+        no_remat=lambda peak: made.append(peak) or none)
     plan = loop.run(BUDGET)
     assert plan.recompute_flops == 0 and plan.verify_compiles == 3 and len(made) == 2
     made.clear()
