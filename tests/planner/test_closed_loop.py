@@ -11,6 +11,7 @@ from autoremat._placement import Placement
 from autoremat._planner._closed_loop import (
     MARGIN_BYTES,
     NEAR_NO_REMAT,
+    ROOM_LEFT,
     ClosedLoop,
     verified_floor,
 )
@@ -223,3 +224,26 @@ def test_a_fitting_plan_that_recomputes_little_gives_way_to_no_remat_where_that_
     peaks[0] = BUDGET + 1
     plan = run(little)  # compiled, does not fit: the plan that recomputes stands
     assert plan.recompute_flops == little and plan.verify_compiles == 2 and len(made) == 1
+
+
+def test_a_fitting_plan_that_leaves_room_gives_way_to_no_remat_where_that_fits_too(base):
+    """A plan recomputing much fits well under the budget where the model puts the
+    function as written far above it (keras-cnn at its no-remat peak of 89 MiB: a plan
+    recomputing 11% compiled at 61 MiB)."""
+    costly = int(0.1 * base.step_flops)
+    none = _plan(base, 3 * BUDGET, 0, B)
+    roomy = int((1 - ROOM_LEFT) * BUDGET) - 1
+    peaks = {0: BUDGET}
+
+    def run(peak):
+        peaks[costly] = peak
+        loop = dataclasses.replace(
+            _loop(lambda b, m: _plan(base, BUDGET, costly), lambda p: peaks[p.recompute_flops]),
+            no_remat=lambda _: none)
+        return loop.run(BUDGET)
+
+    plan = run(roomy)
+    assert plan.recompute_flops == 0 and plan.verified_peak_bytes == BUDGET
+    assert plan.verify_compiles == 2
+    plan = run(roomy + 2)  # little room left: the function as written is not compiled
+    assert plan.recompute_flops == costly and plan.verify_compiles == 1
