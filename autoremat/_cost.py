@@ -49,6 +49,9 @@ _ELEMENTWISE = frozenset([
     "shift_right_logical", "shift_right_arithmetic", "rem", "nextafter", "clamp", "scatter-add",
     "scatter", "scatter_add", "select_and_scatter_add", "population_count", "clz", "conj"])
 
+# Calls whose body is the ``call_jaxpr`` parameter.
+_CALLS = frozenset(["custom_jvp_call", "custom_vjp_call", "closed_call", "core_call"])
+
 _REDUCTIONS = frozenset([
     "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax",
     "argmin", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "sort", "reduce_xor",
@@ -78,12 +81,32 @@ def fusible(name: str) -> bool:
     return name in _FREE or name in _ELEMENTWISE
 
 
-def fuses_cotangent(name: str) -> bool:
+def fuses(name: str, params: Mapping[str, Any]) -> bool:
+    """Whether XLA fuses the output of an equation of primitive ``name`` into its
+    consumers: a :func:`fusible` op, or a call of only such ops (``jax.nn.relu`` is a
+    ``custom_jvp_call`` of a ``jit`` of ``max``, which XLA inlines and fuses)."""
+    if fusible(name):
+        return True
+    body = _call_body(name, params)
+    return body is not None and all(fuses(e.primitive.name, e.params) for e in body.eqns)
+
+
+def fuses_cotangent(name: str, params: Mapping[str, Any] | None = None) -> bool:
     """Whether the cotangent ``name``'s transpose sends to its inputs fuses into the
-    consumers of that cotangent: true for elementwise and data-movement ops, and for
-    reductions (whose transposes broadcast); false for dots, convolutions, loops and
-    calls, whose transposes materialize their results."""
-    return fusible(name) or name in _REDUCTIONS
+    consumers of that cotangent: true for elementwise and data-movement ops, for
+    reductions (whose transposes broadcast), and for calls of only elementwise and
+    data-movement ops (``params``: the equation's) but a ``custom_vjp_call``, whose
+    backward rule is the user's; false for dots, convolutions, loops and other calls,
+    whose transposes materialize their results."""
+    return fusible(name) or name in _REDUCTIONS or (
+        params is not None and name != "custom_vjp_call" and fuses(name, params))
+
+
+def _call_body(name: str, params: Mapping[str, Any]) -> Any:
+    """The jaxpr a call equation runs (``None``: not a call, or of unknown form)."""
+    body = params.get("call_jaxpr") if name in _CALLS else \
+        params.get("jaxpr") if name in ("jit", "pjit") else None
+    return getattr(body, "jaxpr", body)
 
 
 def moves_data(name: str) -> bool:

@@ -43,6 +43,14 @@ class Value:
         of segments, :attr:`Region.nest`), whose backward runs the group's forward again,
         and is not handed out of the group: saved, it is held for its group's backward
         alone (``multiplicity`` instances of it).
+      fused: XLA fuses it into its consumers, so that, recomputed, it takes no memory of
+        its own (elementwise and data-movement ops, and calls of only such ops:
+        :func:`autoremat._cost.fuses`).
+      released: the region at whose backward stage, saved, it is freed: its own, or, when
+        nothing in its segment reads it (its backward pass included: a block's output),
+        the first later region reading it, whose backward is the last to need it
+        (measured on TPU v5e: a residual CNN's block outputs are freed so); ``-1``: its
+        own.
     """
 
     id: int
@@ -62,6 +70,8 @@ class Value:
     user_name: str | None = None
     replays_barrier: bool = False
     replayed: bool = False
+    fused: bool = False
+    released: int = -1
 
 
 @dataclasses.dataclass(frozen=True)

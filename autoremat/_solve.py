@@ -70,7 +70,7 @@ import math
 import autoremat_ilp as ilp
 import numpy as np
 
-from autoremat._cost import fusible, moves_data
+from autoremat._cost import moves_data
 from autoremat._graph import Graph
 from autoremat._offload import OffloadConfig, offload_problem
 from autoremat._op_times import OpTimes, recompute_costs
@@ -103,7 +103,7 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
     Recompute costs are FLOPs, or measured times where ``op_times`` has them (see
     :mod:`autoremat._op_times`)."""
     index = {v.id: k for k, v in enumerate(graph.values)}
-    materialized = np.array([not fusible(v.primitive) for v in graph.values], dtype=np.int64)
+    materialized = ~graph.array("fused", bool)
     moved = np.array([moves_data(v.primitive) * math.prod(v.shape) for v in graph.values],
                      dtype=np.int64)
     # Recomputing a value that reads a barrier's output replays the barrier, which reads
@@ -114,6 +114,8 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
                       for u in dict.fromkeys((*v.inputs, *barrier[k]))],
                      dtype=np.int64).reshape(-1, 2)
     nested = graph.nested()
+    region, released = graph.array("region"), graph.array("released")
+    released = np.where(released < 0, region, released)
     held = graph.array("multiplicity") * graph.array("nbytes")
     in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     reserved_base, reserved_forward_base = graph.reserved_base_bytes()
@@ -123,13 +125,13 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
                recompute_costs(graph, op_times)) + graph.iterations() * (1 + moved)).astype(float),
         held=held,
         transient=graph.array("nbytes") * materialized,
-        region=graph.array("region"),
+        region=region,
         base=graph.backward_base_bytes(),
         forward_base=graph.forward_base_bytes(),
         # A saved value that materializes anyway is already in the forward working set; a
         # scan's saved values fill a stacked buffer allocated for the whole loop.
         # A nested region's saved values are made in its backward alone.
-        forward_held=np.where((in_scan | ~materialized.astype(bool)) & ~nested, held, 0),
+        forward_held=np.where((in_scan | ~materialized) & ~nested, held, 0),
         must_cover=graph.array("needed", bool),
         must_save=graph.array("needed_across", bool),
         can_save=graph.array("saveable", bool),
@@ -142,6 +144,7 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
         unshared=masks,
         reserved_room=room,
         nest=np.array([r.nest for r in graph.regions]) if nested.any() else None,
+        released=released if (released != region).any() else None,
     )
     return problem if offload is None else offload_problem(graph, problem, offload)
 

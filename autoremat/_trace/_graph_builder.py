@@ -42,6 +42,7 @@ def graph_of(program: Program, placement: Placement, facts: ProgramFacts | None 
         built.append(_segment(build, r) if r.kind == "segment" else _scan(build, r))
     _xs_slices_hold_their_input(build)
     _group_outputs_are_kept(build)
+    _handed_on_values_are_released(build)
     grads = [program.value_bytes(a) for a in program.args if is_float(program.avals[a])]
     graph = Graph(
         values=tuple(build.values[vid].value() for vid in sorted(build.values)),
@@ -71,6 +72,7 @@ class _Placed:
     needed_across: bool = False
     replays_barrier: bool = False
     replayed: bool = False
+    released: int | None = None
 
     def value(self) -> Value:
         """The :class:`Value`."""
@@ -81,7 +83,8 @@ class _Placed:
             flops=f.flops, region=self.region, inputs=f.inputs, saveable=self.saveable,
             recomputable=f.recomputable, needed=self.needed, needed_across=self.needed_across,
             user_name=f.user_name, replays_barrier=self.replays_barrier,
-            replayed=self.replayed)
+            replayed=self.replayed, fused=f.fused,
+            released=self.region if self.released is None else self.released)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -314,6 +317,21 @@ def _group_outputs_are_kept(build: _Build) -> None:
         if v.needed_across and v.replayed and build.regions[v.region].kind == "segment" \
                 and any(nest_of[k] != nest_of[v.region] for k in build.readers.get(vid, ())):
             v.replayed = False
+
+
+def _handed_on_values_are_released(build: _Build) -> None:
+    """A segment's value that nothing in the segment reads, its backward pass included
+    (a block's output), and that later segments read is freed, saved, once the first of
+    their backward passes has run (:attr:`autoremat._graph.Value.released`); outside
+    nested groups."""
+    read_within = {u for v in build.values.values() for u in v.facts.inputs
+                   if u in build.values and build.values[u].region == v.region}
+    segment = [r.kind == "segment" and r.nest < 0 for r in build.regions]
+    for vid, v in build.values.items():
+        later = [k for k in build.readers.get(vid, ()) if k > v.region]
+        if (later and segment[v.region] and not v.needed and vid not in read_within
+                and all(build.regions[k].nest < 0 for k in later)):
+            v.released = min(later)
 
 
 def _constants(build: _Build) -> tuple[Constant, ...]:

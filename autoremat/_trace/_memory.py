@@ -7,7 +7,7 @@ from collections.abc import Set as AbstractSet
 
 import numpy as np
 
-from autoremat._cost import fuses_cotangent, fusible
+from autoremat._cost import fuses, fuses_cotangent
 from autoremat._program import Atom, Eqn, Program, ScanBody, Segment, scan_operands
 from autoremat._trace._common import is_float
 
@@ -26,7 +26,8 @@ def work_bytes(eqns: Sequence[Eqn], inputs: Sequence[int], kept: AbstractSet[int
         for a in e.ins:
             if isinstance(a, int):
                 last[a] = i
-    fused = {o for e in eqns if fusible(e.primitive.name) for o in e.outs if o not in kept}
+    fused = {o for e in eqns if fuses(e.primitive.name, e.params) for o in e.outs
+             if o not in kept}
 
     def size(i: int) -> int:
         return 0 if i in free or i in fused else value_bytes(i)
@@ -55,11 +56,12 @@ def cotangent_bytes(eqns: Sequence[Eqn], later: AbstractSet[int],
     or call, or when it arrives from another region (``later``); otherwise it is an
     elementwise expression that XLA fuses into the transposes that read it.
     """
-    materialized = set(later) | {a for e in eqns if not fuses_cotangent(e.primitive.name)
+    materialized = set(later) | {a for e in eqns if not fuses_cotangent(e.primitive.name,
+                                                                         e.params)
                                  for a in e.ins if isinstance(a, int)}
     # A cotangent that must outlive a materializing transpose (a dot's, a convolution's)
     # between its last reader and its producer cannot fuse into both sides: it exists.
-    barriers = np.cumsum([not fuses_cotangent(e.primitive.name) for e in eqns])
+    barriers = np.cumsum([not fuses_cotangent(e.primitive.name, e.params) for e in eqns])
     made = {o: i for i, e in enumerate(eqns) for o in e.outs}
     last = {a: i for i, e in enumerate(eqns) for a in e.ins if isinstance(a, int)}
     materialized |= {a for a, i in last.items() if a in differentiable

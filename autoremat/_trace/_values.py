@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from autoremat import _program
-from autoremat._cost import eqn_flops
+from autoremat._cost import eqn_flops, fuses, fusible
 from autoremat._program import Atom, Eqn, Program
 from autoremat._trace._common import source_of
 
@@ -31,6 +31,7 @@ class ValueFacts:
     recomputable: bool
     user_name: str | None = None
     constants: tuple[int, ...] = ()
+    fused: bool = False
 
 
 def value_facts(program: Program, free: frozenset[int]
@@ -60,7 +61,9 @@ class _ValueTable:
 
     def add(self, vid: int, mult: int, primitive: str, source: str, flops: int,
             inputs: Sequence[Atom], *, saveable: bool, recomputable: bool,
-            user_name: str | None = None) -> None:
+            user_name: str | None = None, fused: bool | None = None) -> None:
+        """Adds value ``vid``; ``fused``: whether XLA fuses it into its consumers (by
+        default, whether ``primitive`` is :func:`autoremat._cost.fusible`)."""
         aval = self.program.avals[vid]
         self.order.append(vid)
         self.values[vid] = ValueFacts(
@@ -70,6 +73,7 @@ class _ValueTable:
             inputs=tuple(dict.fromkeys(a for a in inputs
                                        if isinstance(a, int) and a not in self.free)),
             saveable=saveable, recomputable=recomputable, user_name=user_name,
+            fused=fusible(primitive) if fused is None else fused,
             constants=tuple(dict.fromkeys(a for a in inputs
                                           if isinstance(a, int) and a in self.program.consts)))
 
@@ -91,7 +95,7 @@ class _ValueTable:
             for o in e.outs:
                 self.add(o, mult, e.primitive.name, source, flops // max(1, len(e.outs)), ins,
                          saveable=True, recomputable=e.scan_body is None,
-                         user_name=user_name)
+                         user_name=user_name, fused=fuses(e.primitive.name, e.params))
 
     def add_shard_map(self, e: Eqn, ins: Sequence[Atom], mult: int,
                       alias: Mapping[int, Atom]) -> None:

@@ -3,14 +3,15 @@
 The backward pass visits the regions in reverse; at region ``i``'s backward and forward
 stages the bytes in use are::
 
-    backward[i] = base[i] + sum(held[v] * save[v] for v in regions <= i)
+    backward[i] = base[i] + sum(held[v] * save[v] for v released at regions <= i)
                           + sum(transient[v] * recompute[v] for v in region i)
     forward[i]  = forward_base[i] + sum(held[v] * save[v] for v in regions < i)
                                   + sum(forward_held[v] * save[v] for v in region i)
 
-(the values saved so far stay until their region's backward has run; the values region
-``i`` recomputes are live together during its backward). The plan's peak is the largest
-stage.
+(the values saved so far stay until the backward of the region that releases them has
+run, their own region's, or for a value handed on to later regions only, the first of
+those: ``released``; the values region ``i`` recomputes are live together during its
+backward). The plan's peak is the largest stage.
 
 Nested regions (``nest``): regions sharing a ``nest`` id form a group run inside one more
 checkpoint that keeps only the group's inputs, its forward run again when its backward
@@ -77,49 +78,57 @@ def stage_bytes(problem: Problem, save: np.ndarray, recompute: np.ndarray,
     offloaded = _offload_mask(problem, offload)
     trans += _by_region(problem, offloaded, problem.offload_backward)
     saved = save.astype(bool)
-    held, own = _held_by_region(problem, saved)
+    released, held, own = _held_by_region(problem, saved)
     own += _by_region(problem, offloaded, problem.offload_forward)
-    stages = _stages(problem, problem.base, problem.forward_base, held, own, trans)
+    stages = _stages(problem, problem.base, problem.forward_base, released, held, own, trans)
     for mask, room in problem.reserved_bounds():
         # ``unshared`` comes with both reserved bases.
         assert problem.reserved_base is not None and problem.reserved_forward_base is not None
-        rheld, rown = _held_by_region(problem, saved & mask)
+        rreleased, rheld, rown = _held_by_region(problem, saved & mask)
         stages = np.maximum(stages, _stages(problem, problem.reserved_base - room,
-                                            problem.reserved_forward_base - room, rheld,
-                                            rown, trans))
+                                            problem.reserved_forward_base - room, rreleased,
+                                            rheld, rown, trans))
     return stages
 
 
-def _by_region(problem: Problem, mask: np.ndarray, nbytes: np.ndarray | None) -> np.ndarray:
+def _by_region(problem: Problem, mask: np.ndarray, nbytes: np.ndarray | None,
+               region: np.ndarray | None = None) -> np.ndarray:
     """Per region, the total of ``nbytes`` over the values in ``mask`` (exact Python
-    integers; zeros where ``nbytes`` is ``None``)."""
+    integers; zeros where ``nbytes`` is ``None``), each value counted at its ``region``
+    (by default, its own)."""
+    region = problem.region if region is None else region
     total = np.zeros(problem.num_regions, dtype=object)
     if nbytes is not None:
         for v in np.flatnonzero(mask):
-            total[problem.region[v]] += int(nbytes[v])
+            total[region[v]] += int(nbytes[v])
     return total
 
 
-def _held_by_region(problem: Problem, saved: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per region, the bytes the ``saved`` values hold to the end of its backward, and
+def _held_by_region(problem: Problem, saved: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per region, the bytes the ``saved`` values hold to the end of its backward (by
+    the region releasing them), those they hold from its forward on (by their own), and
     those they hold at its forward stage (exact Python integers)."""
-    return (_by_region(problem, saved, problem.held),
+    return (_by_region(problem, saved, problem.held, problem.release_region),
+            _by_region(problem, saved, problem.held),
             _by_region(problem, saved, problem.forward_held))
 
 
 def _stages(problem: Problem, base: np.ndarray, forward_base: np.ndarray,
-            held: np.ndarray, own: np.ndarray, trans: np.ndarray) -> np.ndarray:
+            released: np.ndarray, held: np.ndarray, own: np.ndarray, trans: np.ndarray
+            ) -> np.ndarray:
     """Backward then forward stage bytes: a stage's base, what the regions whose saved
-    values it holds hold, and the region's own (forward) and recomputed (backward) values."""
+    values it holds hold (at a backward stage, by the region releasing them), and the
+    region's own (forward) and recomputed (backward) values."""
     def as_int(a):
         return np.array([int(b) for b in a], dtype=object)
 
-    def over(window):
-        return np.array([sum(held[window[i]], 0) for i in range(len(held))], dtype=object)
+    def over(window, by):
+        return np.array([sum(by[window[i]], 0) for i in range(len(by))], dtype=object)
 
     backward, forward = windows(problem)
-    return np.concatenate([as_int(base) + over(backward) + trans,
-                           as_int(forward_base) + over(forward) + own])
+    return np.concatenate([as_int(base) + over(backward, released) + trans,
+                           as_int(forward_base) + over(forward, held) + own])
 
 
 def evaluate(problem: Problem, save: np.ndarray, recompute: np.ndarray,

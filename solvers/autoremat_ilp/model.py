@@ -4,9 +4,12 @@ at a time (Checkmate-style: each family is a function with its formula).
 Variables (:class:`Variables`, laid out by :class:`ColumnLayout` in this order):
 ``save[v]`` and ``recompute[v]`` (binary, per value), ``held[i]`` (continuous, per region:
 the bytes region ``i``'s saved values hold), ``peak`` (continuous, the objective of the
-min-peak model), then ``offload[v]`` (binary, only when the problem allows offload) and
+min-peak model), then ``offload[v]`` (binary, only when the problem allows offload),
 ``held_unshared[k, i]`` (continuous, only with reserved buffers: ``held[i]`` restricted to
-the values of the ``k``-th reserved bound).
+the values of the ``k``-th reserved bound), and ``released[i]`` and
+``released_unshared[k, i]`` (continuous, only when values are released at other regions'
+backward stages than their own: ``held`` and ``held_unshared`` over the values region
+``i`` releases).
 
 Families, in row order: :func:`_cover`, :func:`_inputs`, :func:`_save_or_offload`,
 :func:`_held` (again per reserved bound), :func:`_stage` (backward and forward stages,
@@ -17,7 +20,8 @@ Objective: the total recompute cost plus offload cost under a budget, else the p
 Bytes are in units of the largest value (:func:`memory_unit`), costs in units of the
 largest cost (:func:`cost_unit`): coefficients near 1 keep the solver's tolerances
 meaningful (bytes reach 1e10). The program has ``2V + R + 1`` variables (``V`` more with
-offload, ``R`` more per reserved bound) and ``O(V + E + R^2)`` nonzeros.
+offload, ``R`` more per reserved bound, twice as many ``held`` with releases) and
+``O(V + E + R^2)`` nonzeros.
 """
 
 from __future__ import annotations
@@ -97,6 +101,9 @@ class Variables:
       offload: per value, with offload; else ``None``.
       held_unshared: per reserved bound and region, ``held`` over the values the bound
         counts (:meth:`Problem.reserved_bounds`), with reserved buffers; else ``None``.
+      released, released_unshared: ``held`` and ``held_unshared`` by the region releasing
+        the values (``Problem.released``), which the backward stages count; ``None``
+        without releases (the backward stages count ``held`` then).
     """
 
     save: np.ndarray
@@ -105,6 +112,15 @@ class Variables:
     peak: int
     offload: np.ndarray | None
     held_unshared: np.ndarray | None
+    released: np.ndarray | None = None
+    released_unshared: np.ndarray | None = None
+
+    def backward_held(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The columns the backward stages count saved values by: ``(released,
+        released_unshared)``, or without releases ``(held, held_unshared)``."""
+        if self.released is None:
+            return self.held, self.held_unshared
+        return self.released, self.released_unshared
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -149,10 +165,19 @@ def _variables(problem: Problem, layout: ColumnLayout) -> Variables:
         assert problem.can_offload is not None
         offload = layout.block(np.zeros(V), problem.can_offload, integer=True)
     bounds = len(problem.reserved_bounds())
-    held_unshared = (layout.block(np.zeros(bounds * R), np.inf, integer=False).reshape(bounds, R)
-                     if bounds else None)
+
+    def per_bound() -> np.ndarray | None:
+        return (layout.block(np.zeros(bounds * R), np.inf, integer=False).reshape(bounds, R)
+                if bounds else None)
+
+    held_unshared = per_bound()
+    released = released_unshared = None
+    if problem.released is not None:
+        released = layout.block(np.zeros(R), np.inf, integer=False)
+        released_unshared = per_bound()
     return Variables(save=save, recompute=recompute, held=held, peak=peak, offload=offload,
-                     held_unshared=held_unshared)
+                     held_unshared=held_unshared, released=released,
+                     released_unshared=released_unshared)
 
 
 def _cover(rows: _Rows, x: Variables, problem: Problem) -> None:
@@ -199,13 +224,14 @@ def _save_or_offload(rows: _Rows, x: Variables, problem: Problem) -> None:
 
 
 def _held(rows: _Rows, held: np.ndarray, x: Variables, problem: Problem,
-          nbytes: np.ndarray, unit: float) -> None:
-    """What each region's saved values hold, in units::
+          nbytes: np.ndarray, unit: float, region: np.ndarray) -> None:
+    """What the saved values of each region hold, in units, a value counted at its
+    ``region`` (its own, or the one releasing it)::
 
-        held[i] = sum(nbytes[v] * save[v] for v in region i) / unit
+        held[i] = sum(nbytes[v] * save[v] for v with region[v] = i) / unit
     """
     ids = rows.add(problem.num_regions, 0.0, 0.0)
-    rows.terms(ids[problem.region], x.save, -nbytes / unit)
+    rows.terms(ids[region], x.save, -nbytes / unit)
     rows.terms(ids, held, np.ones(problem.num_regions))
 
 
@@ -280,25 +306,33 @@ def build_model(problem: Problem, budget: float | None) -> Model:
     _inputs(rows, x, problem)
     if x.offload is not None:
         _save_or_offload(rows, x, problem)
-    _held(rows, x.held, x, problem, problem.held, unit)
     reserved = problem.reserved_bounds()
-    if x.held_unshared is not None:
-        for held, (mask, _) in zip(x.held_unshared, reserved, strict=True):
-            _held(rows, held, x, problem, problem.held * mask, unit)
+    for held, unshared, region in ((x.held, x.held_unshared, problem.region),
+                                   (x.released, x.released_unshared, problem.released)):
+        if held is None or region is None:
+            continue
+        _held(rows, held, x, problem, problem.held, unit, region)
+        if unshared is not None:
+            for bound, (mask, _) in zip(unshared, reserved, strict=True):
+                _held(rows, bound, x, problem, problem.held * mask, unit, region)
     backward, forward = windows(problem)
+    released, released_unshared = x.backward_held()
 
     def stage(**kw):
         return _stage(rows, x, problem, unit, budget, **kw)
 
-    stage(base=problem.base, window=backward, held=x.held, own=None,
+    stage(base=problem.base, window=backward, held=released, own=None,
           transient=problem.transient, offloaded=problem.offload_backward)
     stage(base=problem.forward_base, window=forward, held=x.held, own=problem.forward_held,
           transient=None, offloaded=problem.offload_forward)
     if x.held_unshared is not None:
-        # ``unshared`` comes with both reserved bases.
+        # ``unshared`` comes with both reserved bases, and ``released_unshared`` with
+        # ``released``.
         assert problem.reserved_base is not None and problem.reserved_forward_base is not None
-        for held, (mask, room) in zip(x.held_unshared, reserved, strict=True):
-            stage(base=problem.reserved_base - room, window=backward, held=held, own=None,
+        assert released_unshared is not None
+        for held, back, (mask, room) in zip(x.held_unshared, released_unshared, reserved,
+                                            strict=True):
+            stage(base=problem.reserved_base - room, window=backward, held=back, own=None,
                   transient=problem.transient, offloaded=problem.offload_backward)
             stage(base=problem.reserved_forward_base - room, window=forward, held=held,
                   own=problem.forward_held * mask, transient=None,

@@ -51,6 +51,10 @@ class Problem:
         taken off the bound (``None``: none). ``None`` (the default): no further bound.
       nest: per region, the nested group it belongs to (``-1``: none); ``None`` (the
         default): no nesting.
+      released: per value, the region at whose backward stage a saved value is freed, at
+        least its own (a value no later backward reads is freed at its own region's;
+        one handed on, which only later regions read, at the first of those);
+        ``None`` (the default): each value at its own region's.
 
     Example:
       >>> import numpy as np, autoremat_ilp as ilp
@@ -105,6 +109,13 @@ class Problem:
     unshared: np.ndarray | None = None
     reserved_room: np.ndarray | None = None
     nest: np.ndarray | None = None
+    released: np.ndarray | None = None
+
+    @property
+    def release_region(self) -> np.ndarray:
+        """Per value, the region at whose backward stage it is freed, saved
+        (``released``, or its own region)."""
+        return self.region if self.released is None else self.released
 
     def reserved_bounds(self) -> list[tuple[np.ndarray, int]]:
         """Each further stage bound's mask of the values it counts and the reserved bytes

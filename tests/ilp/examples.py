@@ -49,3 +49,11 @@ def chain():
         forward_held=np.array([0, 1, 0, 1]), must_cover=np.array([False, True, False, True]),
         must_save=np.array([False, True, False, False]), can_save=np.ones(4, bool),
         can_recompute=np.ones(4, bool), edges=np.array([[0, 1], [1, 2], [2, 3]]))
+
+
+def released(problem):
+    """``problem`` with its first value released at the last region's backward stage: it
+    is handed on, and only the last region's backward reads it."""
+    at = problem.region.copy()
+    at[0] = problem.num_regions - 1
+    return dataclasses.replace(problem, released=at)

@@ -5,7 +5,7 @@ import dataclasses
 import autoremat_ilp as ilp
 import numpy as np
 
-from tests.ilp.examples import chain, three_way, two_regions
+from tests.ilp.examples import chain, released, three_way, two_regions
 
 
 def test_a_saved_value_that_fits_no_reserved_buffer_is_counted_beside_all_of_them():
@@ -46,6 +46,18 @@ def test_stages_are_backward_then_forward_and_count_saved_values_until_their_bac
     # Region 1 recomputes 2 and 3 (3 bytes), region 0 recomputes 0 (8).
     assert ilp.stage_bytes(problem, save, recompute).tolist() == [22, 27, 2, 6]
     assert ilp.evaluate(problem, save, recompute) == (8.0, 27)
+
+
+def test_a_value_handed_on_is_freed_after_the_backward_of_the_region_releasing_it():
+    problem = dataclasses.replace(chain(), released=np.array([0, 1, 1, 1]))
+    save = np.array([False, True, False, True])
+    # Value 1 (4 bytes) is read by region 1 alone: gone from region 0's backward stage
+    # (14 before), held at every forward stage after its own as before.
+    assert ilp.stage_bytes(problem, save, np.zeros(4, bool)).tolist() == [10, 25, 2, 7]
+    solution = ilp.solve_min_peak(problem)
+    assert solution.save is not None and solution.recompute is not None
+    assert solution.peak == ilp.evaluate(problem, solution.save, solution.recompute)[1]
+    assert released(chain()).released.tolist() == [1, 0, 1, 1]
 
 
 def test_a_nested_group_holds_its_saved_values_only_in_its_own_backward():

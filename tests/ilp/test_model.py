@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from autoremat_ilp.model import ColumnLayout, cost_unit, memory_unit
 
-from tests.ilp.examples import chain, keep_or_recompute, three_way, two_regions
+from tests.ilp.examples import chain, keep_or_recompute, released, three_way, two_regions
 
 
 def test_column_layout_hands_out_consecutive_blocks():
@@ -79,20 +79,26 @@ def _plan_columns(model, problem, save, recompute, offload):
     cols = np.zeros(len(model.milp.c))
     cols[x.save], cols[x.recompute] = save, recompute
 
-    def held(mask):
-        return np.bincount(problem.region, problem.held * mask, problem.num_regions) / unit
+    def held(mask, region=problem.region):
+        return np.bincount(region, problem.held * mask, problem.num_regions) / unit
 
     cols[x.held] = held(save)
     if x.offload is not None:
         cols[x.offload] = offload
     if x.held_unshared is not None:
         cols[x.held_unshared] = held(save & problem.unshared)
+    if x.released is not None:
+        cols[x.released] = held(save, problem.released)
+    if x.released_unshared is not None:
+        cols[x.released_unshared] = held(save & problem.unshared, problem.released)
     return cols
 
 
 @pytest.mark.parametrize("problem", [
     chain(), dataclasses.replace(chain(), nest=np.array([0, 0])), three_way(),
-    two_regions(np.array([True, False]))], ids=["chain", "nested", "offload", "reserved"])
+    two_regions(np.array([True, False])), released(chain()),
+    released(two_regions(np.array([True, False])))],
+    ids=["chain", "nested", "offload", "reserved", "released", "released-reserved"])
 def test_stage_rows_are_the_memory_model(problem):
     rng = np.random.default_rng(0)
     model = ilp.build_model(problem, None)
