@@ -16,9 +16,12 @@ reverse. At region ``i``'s stage the bytes in use are:
 * backward stage: the arguments, the gradients made so far (of the arguments read in
   region ``i`` or later), the region's cotangents (those that materialize: elementwise
   chains fuse into the transposes that read them), the residuals saved by regions
-  ``0..i``, and every value region ``i`` recomputes whose output materializes (dots,
-  convolutions, reductions, loops and calls; recomputed elementwise and data-movement
-  values fuse into their consumers), all counted live together.
+  ``0..i`` but those handed on that a later region's backward released already (a
+  block's output, which nothing in its block reads, is freed after the next block's
+  backward: :attr:`autoremat._graph.Value.released`), and every value region ``i``
+  recomputes whose output materializes (dots, convolutions, reductions, loops and calls;
+  recomputed elementwise and data-movement values, and calls of only such ops, fuse into
+  their consumers), all counted live together.
 
 The rewriter makes the compiler keep to these stages: a segment's inputs pass through an
 optimization barrier, whose transpose releases all their cotangents together, so a region's

@@ -331,3 +331,23 @@ def test_a_fully_unrolled_scan_keeps_its_remat_on_the_compiler():
     assert peak <= floor.peak_bytes
     # Unrolled, the plan compiled at 73.9 MB, above the hand remat's 72.4 (30.9 rolled).
     assert peak < 0.5 * autoremat.measure_step(hand, ws, x, target="tpu-v5e").peak_bytes
+
+
+def _residual_relu_net(ws, x):
+    for w1, w2 in ws:
+        x = jax.nn.relu(x + jax.nn.relu(x @ w1) @ w2)
+    return jnp.sum(x.astype(jnp.float32) ** 2)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("budget", ["floor", 0.5])
+def test_the_model_of_residual_relu_blocks_is_within_5_percent_of_the_compiler(budget):
+    """ReLU (a call of ``max``) fuses, and a block's output is freed after the next
+    block's backward: on TPU v5e the model's peak was 16.9% (floor) and 14.9% (0.5) over
+    the compiler's before it counted either."""
+    ws = [(jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16),
+           jax.ShapeDtypeStruct((1024, 256), jnp.bfloat16)) for _ in range(6)]
+    x = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    plan = autoremat.plan(_residual_relu_net, ws, x, budget=budget, layout="tpu", verify=None)
+    real = _measure.measure_step(plan.apply(_residual_relu_net), ws, x).peak_bytes
+    assert abs(plan.peak_bytes / real - 1) < 0.05

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from autoremat import _solve, _trace
+from autoremat import _rewrite, _solve, _trace
 from autoremat._placement import Placement
 
 
@@ -53,3 +53,41 @@ def test_a_skip_cotangent_holds_the_concatenation_across_the_layers_it_skips():
     assert len(regions) == 3 and regions[1].cotangent_bytes >= concat
     holders = _trace._cotangent_holders(program.eqns, program.value_bytes)
     assert max(holders.values()) == concat
+
+
+def _residual_relu_net(ws, x):
+    """Residual blocks ``x + relu(x @ w1) @ w2`` then a ReLU, as a ResNet's."""
+    for w1, w2 in ws:
+        x = jax.nn.relu(x + jax.nn.relu(x @ w1) @ w2)
+    return jnp.sum(x.astype(jnp.float32) ** 2)
+
+
+def _residual_relu_graph(placement=None):
+    ws = [(jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16),
+           jax.ShapeDtypeStruct((1024, 256), jnp.bfloat16)) for _ in range(6)]
+    x = jax.ShapeDtypeStruct((512, 256), jnp.bfloat16)
+    flat_fn, _, avals, _ = _rewrite.flat_function(_residual_relu_net, (ws, x), {})
+    return _trace.trace(flat_fn, avals, placement, layout="tpu")
+
+
+def test_a_call_of_elementwise_ops_fuses_as_they_do():
+    """``jax.nn.relu`` is a ``custom_jvp_call`` of a ``jit`` of ``max``: XLA inlines and
+    fuses it, so that recomputed it takes no memory of its own; a dot's output does."""
+    _, _, graph = _residual_relu_graph()
+    by_primitive = {v.primitive: v.fused for v in graph.values}
+    assert by_primitive["custom_jvp_call"] and not by_primitive["dot_general"]
+    problem = _solve.problem_of(graph)
+    relu = graph.array("primitive", object) == "custom_jvp_call"
+    assert not problem.transient[relu].any()
+
+
+def test_a_block_output_is_released_at_the_next_blocks_backward():
+    """A block's output, which nothing in its block reads, is freed once the next block's
+    backward has run; a value its own backward reads stays to the end of it."""
+    program, _, _ = _residual_relu_graph()
+    blocks = [k for k, e in enumerate(program.eqns) if e.primitive.name == "dot_general"][2::2]
+    _, _, graph = _residual_relu_graph(Placement(tuple(blocks)))
+    handed = [v for v in graph.values if v.released != v.region]
+    assert len(handed) >= len(blocks) - 1
+    assert all(v.released == v.region + 1 and not v.needed for v in handed)
+    assert all(v.released == v.region for v in graph.values if v.needed)
