@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from autoremat import _layout, _measure, zoo
+from autoremat import _measure, zoo
 from autoremat._budget import format_bytes
 from autoremat._cost import live_flops
 from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError
@@ -139,8 +139,7 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
       num_budgets: how many budgets, from the floor plan's real peak to the compiler's
         no-checkpoint peak (the floor plan itself is one more row).
       options: how every plan is made (:class:`autoremat.PlanOptions`; its time limit is
-        per plan, per closed-loop round; ``verify`` the target for the closed loop; its
-        ``"auto"`` layout is ``target``'s, with or without ``verify``).
+        per plan, per closed-loop round; ``verify`` the target for the closed loop).
       policies: the names of :data:`BUILTIN_POLICIES` to measure, each applied to every
         layer by ``model.make_loss`` (with a library's own remat, for a model of another
         library: ``"nothing_saveable"`` is the user's one line of remat per block).
@@ -151,8 +150,6 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
     """
     args = (model.param_shapes(), model.batch_shapes())
     loss = model.make_loss()
-    if options.layout == _layout.AUTO:
-        options = dataclasses.replace(options, layout=_layout.of_target(target))
     argnums = _measure.float_argnums(args)
     base_flops = program_flops(loss, *args, argnums=argnums)
     base = None if target is None else _measure.measure_step(loss, *args, target=target,
@@ -189,7 +186,7 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
     # On the compiler, budgets run from the floor plan's real peak.
     low = max(floor, rows[-1].real_peak_bytes or floor)
     top = (base.peak_bytes if base is not None else plan_with(
-        loss, args, {}, 1.0, PlanOptions(layout=options.planned_layout)).peak_bytes)
+        loss, args, {}, 1.0, PlanOptions(layout=options.layout)).peak_bytes)
     for budget in budgets_between(low, max(top, low), num_budgets):
         row = Row("autoremat", format_bytes(budget), budget_bytes=budget)
         start = time.perf_counter()

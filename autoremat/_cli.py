@@ -28,7 +28,7 @@ import autoremat
 from autoremat import _benchmark, _plots, zoo
 from autoremat._budget import parse_budget
 from autoremat._errors import AutorematError, CompilerUnavailableError, PolicyFileError
-from autoremat._layout import AUTO, LAYOUTS
+from autoremat._layout import LAYOUTS
 from autoremat._planner import PlanOptions, plan_with
 from autoremat._planner._options import NODE_LIMIT
 from autoremat._policy_file import PolicyFile
@@ -36,9 +36,8 @@ from autoremat._report import format_report
 
 _BUDGET_HELP = ("Peak bytes of the training step: '8GiB', 8000000000, or 0.4 (fraction of "
                 "the no-remat activation memory).")
-_LAYOUT_HELP = ("How planning counts a value's bytes: 'dense' (its data), 'tpu' (its "
-                "tiled TPU layout, minor dimension padded to 128), or 'auto': as on the "
-                "compiler target (--verify, or the benchmark's --target).")
+_LAYOUT_HELP = ("How planning counts a value's bytes: 'dense' (its data) or 'tpu' (its "
+                "tiled TPU layout, minor dimension padded to 128).")
 _PROGRESS_HELP = ("Show the solver's best plan, bound and gap while it runs: on a terminal by "
                   "default, as lines of text elsewhere with --progress.")
 
@@ -228,8 +227,8 @@ _PLAN_OPTIONS = (
     click.option("--refine-rounds", type=click.IntRange(min=0), default=0, show_default=True,
                  help="With the closed loop, compiles it may spend on cheaper plans once "
                       "one fits."),
-    click.option("--layout", type=click.Choice((AUTO, *LAYOUTS)), default=AUTO,
-                 show_default=True, help=_LAYOUT_HELP),
+    click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
+                 help=_LAYOUT_HELP),
     click.option("--nested-scans", is_flag=True,
                  help="Also consider scans nested in groups of about sqrt(length) iterations "
                       "(lower floors, one more forward pass of the loop)."),

@@ -44,9 +44,6 @@ from typing import Literal, get_args
 Layout = Literal["dense", "tpu"]
 #: The accepted layouts.
 LAYOUTS: tuple[str, ...] = get_args(Layout)
-#: The planning option's default: the layout of the target planned for (:func:`of_target`).
-AUTO = "auto"
-LayoutOption = Literal["auto", "dense", "tpu"]
 
 _LANES = 128  # a tile's minor extent
 _MAX_ROWS = 8  # a tile's largest second-minor extent
@@ -63,29 +60,10 @@ def check(layout: object) -> Layout:
     Raises:
       ValueError: it is not; the message names the accepted values.
     """
-    return _accepted(layout, LAYOUTS)  # type: ignore[return-value]
-
-
-def check_option(layout: object) -> LayoutOption:
-    """``layout`` if it is one of :data:`LAYOUTS` or :data:`AUTO` (the planning option).
-
-    Raises:
-      ValueError: it is not; the message names the accepted values.
-    """
-    return _accepted(layout, (AUTO, *LAYOUTS))  # type: ignore[return-value]
-
-
-def _accepted(layout: object, accepted: tuple[str, ...]) -> str:
-    if layout not in accepted:
-        raise ValueError(f"layout must be one of {', '.join(map(repr, accepted))}; "
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(map(repr, LAYOUTS))}; "
                          f"got {layout!r}")
     return layout  # type: ignore[return-value]
-
-
-def of_target(target: str | None) -> Layout:
-    """The layout of compiler ``target`` (see :data:`autoremat.TARGETS`): ``"tpu"`` for a
-    TPU target, ``"dense"`` for the GPU and without a target."""
-    return "tpu" if target is not None and target.startswith("tpu") else "dense"
 
 
 def array_bytes(shape: Sequence[int], itemsize: int, layout: Layout, *,

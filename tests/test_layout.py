@@ -112,8 +112,7 @@ def test_tpu_plan_fits_its_budget_under_the_model_and_is_deterministic():
     lambda: autoremat.optimize(_mlp_loss, budget=0.5, layout="tiled"),
 ])
 def test_bad_layout_names_the_accepted_values(call):
-    accepted = "'auto', 'dense', 'tpu'"
-    with pytest.raises(ValueError, match=f"layout must be one of {accepted}; got 'tiled'"):
+    with pytest.raises(ValueError, match="layout must be one of 'dense', 'tpu'; got 'tiled'"):
         call()
 
 

@@ -7,7 +7,7 @@ import dataclasses
 from autoremat_ilp import Progress
 
 from autoremat import _layout, _measure
-from autoremat._layout import Layout, LayoutOption
+from autoremat._layout import Layout
 from autoremat._offload import OffloadConfig
 from autoremat._op_times import OpTimes
 
@@ -40,8 +40,7 @@ class PlanOptions:
       progress: ``progress(elapsed_s, best, bound)``, called while the solver searches.
       op_times: measured operation times (:func:`autoremat.measure_op_times`), or
         ``None`` to cost recompute in FLOPs.
-      layout: ``"dense"`` or ``"tpu"``: how a value's bytes are counted; ``"auto"``
-        (default): as on the ``verify`` target (:attr:`planned_layout`).
+      layout: ``"dense"`` or ``"tpu"``: how a value's bytes are counted.
       nested_scans, nested_segments: also consider nested scans, nested segments.
 
     Example:
@@ -51,8 +50,7 @@ class PlanOptions:
       4
 
     Raises:
-      ValueError: an option is out of range (``layout`` not ``"auto"``, ``"dense"`` or
-        ``"tpu"``, a
+      ValueError: an option is out of range (``layout`` not ``"dense"`` or ``"tpu"``, a
         backend not one of :data:`BACKENDS`, ``verify_rounds`` below 1, ``refine_rounds``
         below 0, a time limit or a node limit not positive).
     """
@@ -66,12 +64,12 @@ class PlanOptions:
     offload: OffloadConfig | None = None
     progress: Progress | None = dataclasses.field(default=None, compare=False)
     op_times: OpTimes | None = None
-    layout: LayoutOption = _layout.AUTO
+    layout: Layout = "dense"
     nested_scans: bool = False
     nested_segments: bool = False
 
     def __post_init__(self) -> None:
-        _layout.check_option(self.layout)
+        _layout.check(self.layout)
         if not self.time_limit_s > 0:
             raise ValueError(f"time_limit_s must be positive, not {self.time_limit_s!r}.")
         if self.node_limit is not None and not self.node_limit >= 1:
@@ -86,11 +84,3 @@ class PlanOptions:
         object.__setattr__(self, "backends", tuple(self.backends))
         if self.verify == AUTO:
             object.__setattr__(self, "verify", _measure.local_target())
-
-    @property
-    def planned_layout(self) -> Layout:
-        """How a value's bytes are counted: ``layout``, or for ``"auto"`` as on the
-        ``verify`` target (:func:`autoremat._layout.of_target`: tiled on a TPU)."""
-        if self.layout == _layout.AUTO:
-            return _layout.of_target(self.verify)
-        return self.layout

@@ -46,15 +46,6 @@ def test_verify_by_default_on_this_machines_accelerator_only(monkeypatch):
     plan = autoremat.plan(loss, w, x, budget="floor")
     assert plan.verify_target == "tpu-v5e" and plan.verify_compiles >= 1
     assert "verified on tpu-v5e" in plan.report()
-    assert plan.layout == "tpu"  # the target's
-
-
-def test_the_layout_is_the_verify_targets_unless_given():
-    assert autoremat.PlanOptions(verify="tpu-v5e").planned_layout == "tpu"
-    assert autoremat.PlanOptions(verify="gpu").planned_layout == "dense"
-    assert autoremat.PlanOptions(verify=None).planned_layout == "dense"
-    assert autoremat.PlanOptions(verify="tpu-v5e", layout="dense").planned_layout == "dense"
-    assert autoremat.PlanOptions(verify=None, layout="tpu").planned_layout == "tpu"
 
 
 def test_optimize_takes_every_option_and_refuses_others():
