@@ -27,7 +27,10 @@ def test_committed_without_outputs(path):
             assert cell.outputs == [] and cell.execution_count is None, cell.source[:60]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+# The research notebook (about a minute on 2 cores) runs with ``-m slow``.
+@pytest.mark.parametrize("path", [
+    pytest.param(p, id=p.stem, marks=[pytest.mark.slow] if p.stem == "research" else [])
+    for p in NOTEBOOKS])
 def test_runs_without_error(path, tmp_path, monkeypatch):
     # The kernel inherits the environment: plan on the CPU whatever the machine has.
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")

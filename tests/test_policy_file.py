@@ -72,7 +72,8 @@ _LOAD_IN_NEW_PROCESS = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("model", ["mlp", "gpt2_unrolled", "gpt2_scanned"])
+@pytest.mark.parametrize("model", ["mlp", pytest.param("gpt2_unrolled", marks=pytest.mark.slow),
+                                   "gpt2_scanned"])
 def test_load_in_a_new_process_gives_the_same_plan_and_gradients(model, saved, tmp_path):
     loss, args, plan, path = saved(model)
     assert plan.saved and (plan.recomputed or model == "mlp")

@@ -24,7 +24,8 @@ def _kept_bytes(fn, *args) -> int:
 
 
 def _grads(fn, args):
-    return jax.grad(fn, argnums=_measure.float_argnums(args))(*args)
+    """The gradients as a training step takes them: under ``jit``."""
+    return jax.jit(jax.grad(fn, argnums=_measure.float_argnums(args)))(*args)
 
 
 @pytest.fixture(scope="module", params=TINY)
@@ -34,12 +35,19 @@ def model(request):
     return m, m.make_loss(), (params, batch)
 
 
+@pytest.fixture(scope="module")
+def floor(model):
+    """The model's floor plan."""
+    _, loss, args = model
+    return autoremat.plan(loss, *args, budget="floor")
+
+
 def test_the_corpus_has_every_library():
     libraries = {name.split("-")[0] for name in TINY}
     assert {"linen", "nnx", "eqx", "keras", "penzai"} <= libraries, corpus.MISSING
 
 
-def test_floor_is_at_or_below_no_remat_and_one_remat_per_layer(model):
+def test_floor_is_at_or_below_no_remat_and_one_remat_per_layer(model, floor):
     _, loss, args = model
     flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
     no_remat, per_layer = obvious_plans(candidates(flat_fn, avals, PlanOptions()), PlanOptions())
@@ -48,17 +56,15 @@ def test_floor_is_at_or_below_no_remat_and_one_remat_per_layer(model):
         ids = p.graph.array("id")
         assert ilp.violations(_solve.problem_of(p.graph), np.isin(ids, list(p.saved)),
                               np.isin(ids, list(p.recomputed))) == []
-    floor = autoremat.plan(loss, *args, budget="floor")
     assert floor.peak_bytes <= per_layer.peak_bytes <= no_remat.peak_bytes
 
 
 @pytest.mark.parametrize("budget", ["floor", "middle"])
-def test_plans_keep_the_gradients_and_save_what_they_say(model, budget):
+def test_plans_keep_the_gradients_and_save_what_they_say(model, floor, budget):
     _, loss, args = model
-    if budget == "middle":  # halfway from the floor to no remat
-        floor = autoremat.plan(loss, *args, budget="floor")
-        budget = (floor.peak_bytes + floor.no_remat_peak_bytes) // 2
-    plan = autoremat.plan(loss, *args, budget=budget)
+    # The floor, or halfway from the floor to no remat.
+    plan = floor if budget == "floor" else autoremat.plan(
+        loss, *args, budget=(floor.peak_bytes + floor.no_remat_peak_bytes) // 2)
     optimized = plan.apply(loss)
     assert plan.saved_bytes == _kept_bytes(optimized, *args)
     for a, b in zip(jax.tree.leaves(_grads(optimized, args)), jax.tree.leaves(_grads(loss, args)),
