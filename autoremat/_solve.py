@@ -73,7 +73,7 @@ import math
 import autoremat_ilp as ilp
 import numpy as np
 
-from autoremat._cost import moves_data
+from autoremat._cost import moves_data, reads_operands_whole
 from autoremat._graph import Graph
 from autoremat._offload import OffloadConfig, offload_problem
 from autoremat._op_times import OpTimes, recompute_costs
@@ -193,6 +193,60 @@ def no_remat(graph: Graph, problem: ilp.Problem) -> Decisions:
     (only zero-cost reads of scan inputs are 'recomputed')."""
     save = problem.must_save | (problem.must_cover & problem.can_save)
     return _fixed(graph, problem, save, problem.must_cover & ~problem.can_save)
+
+
+def as_written(graph: Graph, problem: ilp.Problem) -> Decisions:
+    """The plan that recomputes nothing (:func:`no_remat`), with the peak the compiler
+    gives the function written without a checkpoint (whose barriers make it keep what
+    JAX saves): XLA recomputes the values of a segment's elementwise and data-movement
+    chains inside the backward fusions reading them, and keeps instead the values the
+    chains start from (the results of dots, reductions, calls; :func:`_fused_chains`),
+    as the plan recomputing the former from the latter saved does; what another region
+    reads is kept (the compiler did not fuse a U-Net's skips into its decoder). Its peak
+    against the compiler's, beside that of :func:`no_remat`, on the corpus and the zoo:
+    ``bench/results/no-remat.md``.
+    """
+    nothing = no_remat(graph, problem)
+    save = problem.must_save | (problem.must_cover & problem.can_save)
+    recompute = problem.must_cover & ~problem.can_save
+    through, starts, chain = _fused_chains(graph, problem)
+    away = save & through & ~graph.array("needed_across", bool)
+    for k in np.flatnonzero(away):
+        save[list(starts[k])] = True
+        recompute[list(chain[k])] = True
+    save &= ~away
+    _, peak = ilp.evaluate(problem, save, recompute & ~save)
+    return dataclasses.replace(nothing, peak_bytes=min(peak, nothing.peak_bytes))
+
+
+def _fused_chains(graph: Graph, problem: ilp.Problem
+                  ) -> tuple[np.ndarray, list[frozenset[int]], list[frozenset[int]]]:
+    """``(through, starts, chain)`` over the graph's values: whether XLA, running the
+    function as written, fuses the value into its readers, recomputing it from
+    ``starts`` (the values its elementwise chain reads that are not fused so) through
+    ``chain`` (the fused values between, itself included). Fused so: an elementwise or
+    data-movement value of a segment that may be recomputed, that no scan and no
+    convolution reads (:func:`autoremat._cost.reads_operands_whole`), that does not
+    replay its segment's input barrier (:attr:`autoremat._graph.Value.replays_barrier`),
+    and whose chain starts at saveable values; so the plan whose peak :func:`as_written`
+    gives is a plan of the graph, and no least-peak plan is above it."""
+    index = {v.id: k for k, v in enumerate(graph.values)}
+    segment = [r.kind == "segment" for r in graph.regions]
+    read_whole = {index[u] for v in graph.values
+                  if reads_operands_whole(v.primitive) or not segment[v.region]
+                  for u in v.inputs}
+    through = np.zeros(len(graph.values), dtype=bool)
+    starts: list[frozenset[int]] = []
+    chain: list[frozenset[int]] = []
+    for k, v in enumerate(graph.values):
+        inputs = [index[u] for u in v.inputs]
+        starts.append(frozenset().union(*(starts[j] if through[j] else {j} for j in inputs)))
+        chain.append(frozenset({k}).union(*(chain[j] for j in inputs if through[j])))
+        through[k] = (v.fused and segment[v.region] and k not in read_whole
+                      and not v.replays_barrier
+                      and bool(problem.can_recompute[k])
+                      and all(problem.can_save[j] for j in starts[k]))
+    return through, starts, chain
 
 
 def remat_all(graph: Graph, problem: ilp.Problem) -> Decisions:

@@ -261,7 +261,7 @@ def test_progress_asked_for_elsewhere_prints_a_line_per_better_plan_or_few_secon
 
 
 def test_plan_with_progress_and_a_maxtext_configuration(tmp_path):
-    result = _run("plan", "--model", "gpt2-small-tiny", "--budget", "0.5", "--out", "p.json",
+    result = _run("plan", "--model", "gpt2-small-tiny", "--budget", "0.7", "--out", "p.json",
                   "--maxtext", "remat.yml", "--progress", "--rows", "3", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "FLOP, bound " in result.stderr  # not a terminal: lines of text

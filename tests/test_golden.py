@@ -12,9 +12,12 @@ at a third and two thirds rose 1.0% and 2.4%, the other changes are within the
 solver's gap. Written again when calls of elementwise ops fuse (``jax.nn.relu``) and a
 block's output is freed after the next block's backward (``Value.released``): the model's
 peaks fell up to 14.1% (resnet-tiny's floor), one placement moved (llama-tiny at two
-thirds, same peak and recompute). The test checks the current code gives the same
-plans: the saved set, the placement, the predicted peak, the recompute and the solver's
-status.
+thirds, same peak and recompute). Written again when no remat's peak became the one
+the compiler gives the function as written, elementwise chains fused into the backward
+(``_solve.as_written``): no floor changed; the budgets a third and two thirds of the
+way to no remat fell with it (9-46% lower peaks, more recompute). The test checks the
+current code gives the same plans: the saved set, the placement, the predicted peak, the
+recompute and the solver's status.
 Regenerate (only when a change of plans is intended) with ``python -m tests.test_golden``.
 """
 

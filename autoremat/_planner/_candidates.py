@@ -65,7 +65,25 @@ def candidates(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], options
 def no_remat_peak(found: Sequence[Candidate], options: PlanOptions) -> int:
     """The peak of no remat: the least over the placements ``found`` (the model of a
     placement with larger regions holds more at once, though no remat is one step)."""
-    return min(_solve.no_remat(*c.problem(options)).peak_bytes for c in found)
+    return min(no_remat_decisions(c.facts, *c.problem(options)).peak_bytes for c in found)
+
+
+def runs_as_written(facts: _trace.ProgramFacts, graph: Graph) -> bool:
+    """Whether the plan on ``graph`` that recomputes nothing is the function itself, with
+    no checkpoint (:func:`no_remat_plan`): the placement runs the program as written
+    (:attr:`Placement.restructures` it not) and the program is the function's own
+    (:attr:`autoremat._trace.ProgramFacts.written`)."""
+    return not graph.placement.restructures and facts.written is not None
+
+
+def no_remat_decisions(facts: _trace.ProgramFacts, graph: Graph, problem: ilp.Problem
+                       ) -> _solve.Decisions:
+    """The decisions of the plan that recomputes nothing on ``graph``: as the compiler
+    runs the function as written where the plan is the function
+    (:func:`autoremat._solve.as_written`), else saving every value the backward reads
+    (:func:`autoremat._solve.no_remat`)."""
+    return (_solve.as_written if runs_as_written(facts, graph) else _solve.no_remat)(
+        graph, problem)
 
 
 def obvious_plans(found: Sequence[Candidate], options: PlanOptions,
@@ -87,25 +105,37 @@ def obvious_plans(found: Sequence[Candidate], options: PlanOptions,
 
 
 def as_written_plan(found: Sequence[Candidate], options: PlanOptions, no_remat: int) -> Plan:
-    """The plan that recomputes nothing, on the program of ``found[0]`` (scans whole): the
-    function as written where it can be (:func:`no_remat_plan`). ``no_remat``: its
-    ``no_remat_peak_bytes``, :func:`no_remat_peak` of ``found``."""
-    whole = found[0]
-    graph, problem = whole.problem(options)
-    baseline = dataclasses.replace(_solve.no_remat(graph, problem), status="feasible")
-    return no_remat_plan(whole.facts, graph, baseline, baseline.peak_bytes, no_remat, options)
+    """The plan that recomputes nothing, the function as written where it can be
+    (:func:`no_remat_plan`), on the placement of ``found`` whose model of it holds least
+    (:func:`least_no_remat`). ``no_remat``: its ``no_remat_peak_bytes``,
+    :func:`no_remat_peak` of ``found``."""
+    facts, graph, baseline = least_no_remat(
+        [(c.facts, *c.problem(options)) for c in found])
+    baseline = dataclasses.replace(baseline, status="feasible")
+    return no_remat_plan(facts, graph, baseline, baseline.peak_bytes, no_remat, options)
+
+
+def least_no_remat(placed: Sequence[tuple[_trace.ProgramFacts, Graph, ilp.Problem]]
+                   ) -> tuple[_trace.ProgramFacts, Graph, _solve.Decisions]:
+    """Of placements ``(facts, graph, problem)`` (the first with scans whole), the one
+    whose plan recomputing nothing is the function as written (:func:`runs_as_written`)
+    with the least modelled peak, and that plan's :func:`no_remat_decisions`: the
+    placements run one step, and finer regions count the bytes live at once more
+    closely. The first placement where none runs as written."""
+    written = [p for p in placed if runs_as_written(p[0], p[1])] or placed[:1]
+    return min(((f, g, no_remat_decisions(f, g, p)) for f, g, p in written),
+               key=lambda fgd: fgd[2].peak_bytes)
 
 
 def no_remat_plan(facts: _trace.ProgramFacts, graph: Graph, baseline: _solve.Decisions,
                   budget_bytes: int, no_remat_peak: int, options: PlanOptions) -> Plan:
     """The plan that recomputes nothing on ``graph`` (of the program of ``facts``;
-    ``baseline``: its :func:`autoremat._solve.no_remat` decisions). Where the placement
-    runs the program as written (:attr:`Placement.restructures` it not) and the program is
-    the function's own (:attr:`autoremat._trace.ProgramFacts.written`), it is the function
-    itself (:attr:`Plan.no_remat`): no checkpoint, whose barriers would cost the compiler
-    fusion, and the residuals JAX keeps for it, whatever the regions would save."""
+    ``baseline``: its :func:`no_remat_decisions`). Where it :func:`runs_as_written`, it is
+    the function itself (:attr:`Plan.no_remat`): no checkpoint, whose barriers would cost
+    the compiler fusion, and the residuals JAX keeps for it, whatever the regions would
+    save."""
     plan = plan_of(graph, baseline, budget_bytes, no_remat_peak, options)
-    if graph.placement.restructures or facts.saved_bytes_as_written is None:
+    if not runs_as_written(facts, graph) or facts.saved_bytes_as_written is None:
         return plan
     return dataclasses.replace(plan, no_remat=True, recompute_flops=0,
                                saved_bytes=facts.saved_bytes_as_written)

@@ -11,7 +11,14 @@ from autoremat import _solve
 from autoremat._errors import SolverTimeoutError
 from autoremat._graph import Graph
 from autoremat._plan import Plan
-from autoremat._planner._candidates import Candidate, SolverClock, checked, plan_of
+from autoremat._planner._candidates import (
+    Candidate,
+    SolverClock,
+    checked,
+    least_no_remat,
+    no_remat_plan,
+    plan_of,
+)
 from autoremat._planner._options import PlanOptions
 
 # The least-peak solve of one placement: its graph, problem and result.
@@ -21,7 +28,9 @@ _Lowest = tuple[Graph, ilp.Problem, ilp.Solution]
 def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: SolverClock,
                 within: float = 0.0) -> list[Plan]:
     """For each placement whose least peak is within ``within`` (a fraction) of the least
-    over the placements, lowest first, its floor plan (:func:`_floor_plan`).
+    over the placements, lowest first, its floor plan (:func:`_floor_plan`); first, the
+    function as written where the model holds it no higher than every floor plan (its
+    compiler fuses what no checkpointed plan can: :func:`autoremat._solve.as_written`).
 
     Raises:
       SolverTimeoutError: the time limit passed before any least-peak plan was found.
@@ -37,10 +46,18 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
                                  "time_limit_s.")
     chosen = [(peak, k) for peak, k in found if peak <= found[0][0] * (1 + within)]
     solves = [r for _, _, r in lowest]
-    no_remat = min(_solve.no_remat(g, p).peak_bytes for g, p, _ in lowest)
-    return [_floor_plan(lowest[k], peak, solves, no_remat, options, clock,
-                        left=2 * (len(chosen) - i))
-            for i, (peak, k) in enumerate(chosen)]
+    facts, graph, nothing = least_no_remat(
+        [(c.facts, g, p) for c, (g, p, _) in zip(candidates, lowest, strict=True)])
+    no_remat = min(nothing.peak_bytes, *(_solve.no_remat(g, p).peak_bytes
+                                        for g, p, _ in lowest))
+    floors = [_floor_plan(lowest[k], peak, solves, no_remat, options, clock,
+                          left=2 * (len(chosen) - i))
+              for i, (peak, k) in enumerate(chosen)]
+    if nothing.peak_bytes > floors[0].peak_bytes:
+        return floors
+    nothing = dataclasses.replace(nothing, status="feasible")
+    return [no_remat_plan(facts, graph, nothing, nothing.peak_bytes, no_remat, options),
+            *floors]
 
 
 def _floor_plan(lowest: _Lowest, peak: int, solves: Sequence[ilp.Solution],

@@ -15,7 +15,13 @@ import numpy as np
 from autoremat import _rewrite, _solve, _trace
 from autoremat._graph import Graph
 from autoremat._plan import Plan
-from autoremat._planner._candidates import candidates, no_remat_peak, no_remat_plan, plan_of
+from autoremat._planner._candidates import (
+    candidates,
+    no_remat_decisions,
+    no_remat_peak,
+    no_remat_plan,
+    plan_of,
+)
 from autoremat._planner._options import PlanOptions
 from autoremat._policy_file import PolicyFile
 from autoremat._sites import Site
@@ -70,7 +76,7 @@ def load_plan(path: str | os.PathLike, fn: Any, *args: Any, **kwargs: Any) -> Pl
     options = PlanOptions(offload=policy.offload, layout=policy.layout)
     found = candidates(flat_fn, avals, options)
     no_remat = no_remat_peak(found, options)
-    baseline = _solve.no_remat(graph, problem)
+    baseline = no_remat_decisions(found[0].facts, graph, problem)
     if (d.saved, d.recomputed, d.offloaded) == (baseline.saved, baseline.recomputed,
                                                 frozenset()):
         plan = no_remat_plan(found[0].facts, graph, d, policy.budget_bytes, no_remat, options)

@@ -20,11 +20,12 @@ from autoremat._planner._candidates import (
     SolveLimits,
     SolverClock,
     checked,
+    least_no_remat,
     no_remat_plan,
     plan_of,
+    runs_as_written,
 )
 from autoremat._planner._options import PlanOptions
-from autoremat._trace import ProgramFacts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +91,16 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
     """
     outcomes: list[_Outcome] = []
     problems = [candidate.problem(options) for candidate in candidates]
-    baselines = [_solve.no_remat(graph, problem) for graph, problem in problems]
-    no_remat_peak = min(b.peak_bytes for b in baselines)
+    placed = [(c.facts, *p) for c, p in zip(candidates, problems, strict=True)]
+    written = least_no_remat(placed)
+    nothing = [written if runs_as_written(f, g) else (f, g, _solve.no_remat(g, p))
+               for f, g, p in placed]
+    no_remat_peak = min(d.peak_bytes for _, _, d in nothing)
     budget_bytes = resolve_budget(budget, problems[0][0], no_remat_peak)
-    for k, ((graph, problem), baseline) in enumerate(zip(problems, baselines, strict=True)):
-        outcomes.append(_solve_placement(candidates[k].facts, graph, problem, baseline,
-                                         no_remat_peak, budget_bytes,
+    nothing_plans = [no_remat_plan(f, g, d, budget_bytes, no_remat_peak, options)
+                     for f, g, d in nothing]
+    for k, (graph, problem) in enumerate(problems):
+        outcomes.append(_solve_placement(graph, problem, nothing_plans[k], budget_bytes,
                                          margins.of(graph.placement), options,
                                          lambda k=k: clock.limits(len(candidates) - k)))
         if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
@@ -103,19 +108,17 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
     return _cheapest(outcomes, budget_bytes, options, clock)
 
 
-def _solve_placement(facts: ProgramFacts, graph: Graph, problem: ilp.Problem,
-                     baseline: _solve.Decisions, no_remat_peak: int, budget_bytes: int,
+def _solve_placement(graph: Graph, problem: ilp.Problem, nothing: Plan, budget_bytes: int,
                      margin: int, options: PlanOptions,
                      limits: Callable[[], SolveLimits]) -> _Outcome:
-    """The :class:`_Outcome` of one placement (``graph`` of the program of ``facts``) within
-    ``budget_bytes - margin`` (``baseline``: its no-remat decisions; ``no_remat_peak``: the
-    least over the placements)."""
+    """The :class:`_Outcome` of one placement (``graph``) within ``budget_bytes - margin``
+    (``nothing``: its plan that recomputes nothing, the function as written on the
+    placement that models it closest where it runs as written)."""
     replay = _solve.replay_cost(graph, problem)
     within = budget_bytes - margin
-    if within >= baseline.peak_bytes:
+    if within >= nothing.peak_bytes:
         # Saving everything fits, and recomputes nothing that can be saved: optimal.
-        return _Outcome(no_remat_plan(facts, graph, baseline, budget_bytes, no_remat_peak,
-                                      options), replay)
+        return _Outcome(nothing, replay)
     if within < lower_bound(problem):
         return _Outcome(below=(problem, margin))
     result = checked(ilp.solve(problem, within, **limits(), backends=options.backends,
@@ -126,7 +129,7 @@ def _solve_placement(facts: ProgramFacts, graph: Graph, problem: ilp.Problem,
     if result.status is ilp.Status.NO_SOLUTION:
         return _Outcome(bound=bound, solve_seconds=result.wall_s)
     d = _solve.decisions(graph, problem, result)
-    return _Outcome(plan_of(graph, d, budget_bytes, no_remat_peak, options),
+    return _Outcome(plan_of(graph, d, budget_bytes, nothing.no_remat_peak_bytes, options),
                     result.cost + replay, bound, solve_seconds=result.wall_s)
 
 

@@ -148,10 +148,10 @@ def test_layer_policies_keep_loss_and_gradients(name):
 
 
 @pytest.mark.parametrize("name", TINY)
-def test_plan_at_half_the_activations_keeps_gradients(name):
+def test_plan_at_three_quarters_of_the_activations_keeps_gradients(name):
     tiny = _tiny(name)
     loss = tiny.model.make_loss()
-    plan = autoremat.plan(loss, tiny.params, tiny.batch, budget=0.5)
+    plan = autoremat.plan(loss, tiny.params, tiny.batch, budget=0.75)
     assert plan.peak_bytes <= plan.budget_bytes
     optimized = plan.apply(loss)
     [grads] = _compiled([jax.grad(optimized)], tiny.params, tiny.batch)
