@@ -33,7 +33,10 @@ class Plan:
         (what JAX recomputes whatever the plan included), and a split scan's gradient
         sums (``graph.fixed_flops``).
       step_flops: FLOPs of the forward and backward pass without remat.
-      no_remat_peak_bytes: the predicted peak when every value the backward reads is saved.
+      no_remat_peak_bytes: the predicted peak of no remat: of the function as written,
+        whose compiler fuses elementwise chains into the backward pass
+        (:func:`autoremat._solve.as_written`), where it runs as written; otherwise with
+        every value the backward reads saved.
       status: ``"optimal"``, or ``"feasible"`` when the time limit or the node limit
         stopped the solver (see ``gap``).
       gap: relative gap between the plan's recompute cost and the solver's lower bound.

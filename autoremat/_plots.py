@@ -115,12 +115,16 @@ def memory_stages(plan: Plan) -> tuple[list[str], np.ndarray, np.ndarray]:
     Returns:
       ``(labels, plan_bytes, no_remat_bytes)``: a label per stage (``"F3"``, ``"B3"``;
       a scan region's label ends in ``"×length"``) and the bytes in use under the plan
-      and under the plan that saves everything and recomputes nothing.
+      and under no remat: the function as written where the placement runs it so
+      (:func:`autoremat._solve.as_written_masks`), else saving every value the backward
+      pass reads.
     """
     graph = plan.graph
     problem = _solve.problem_of(graph)
     ids = graph.array("id")
-    baseline = _solve.no_remat(graph, problem)
+    nothing = _solve.no_remat(graph, problem)
+    baseline = (nothing.saved, nothing.recomputed) if graph.placement.restructures else \
+        tuple(frozenset(ids[m].tolist()) for m in _solve.as_written_masks(graph, problem))
 
     def timeline(saved: frozenset[int], recomputed: frozenset[int]) -> np.ndarray:
         stages = ilp.stage_bytes(problem, np.isin(ids, list(saved)),
@@ -132,7 +136,7 @@ def memory_stages(plan: Plan) -> tuple[list[str], np.ndarray, np.ndarray]:
              for r in graph.regions]
     labels = [f"F{n}" for n in names] + [f"B{n}" for n in reversed(names)]
     return (labels, timeline(plan.saved, plan.recomputed),
-            timeline(baseline.saved, baseline.recomputed))
+            timeline(*baseline))
 
 
 def memory_timeline(plan: Plan, path: str | os.PathLike, *, title: str | None = None) -> None:

@@ -198,15 +198,22 @@ def no_remat(graph: Graph, problem: ilp.Problem) -> Decisions:
 def as_written(graph: Graph, problem: ilp.Problem) -> Decisions:
     """The plan that recomputes nothing (:func:`no_remat`), with the peak the compiler
     gives the function written without a checkpoint (whose barriers make it keep what
-    JAX saves): XLA recomputes the values of a segment's elementwise and data-movement
-    chains inside the backward fusions reading them, and keeps instead the values the
-    chains start from (the results of dots, reductions, calls; :func:`_fused_chains`),
-    as the plan recomputing the former from the latter saved does; what another region
-    reads is kept (the compiler did not fuse a U-Net's skips into its decoder). Its peak
-    against the compiler's, beside that of :func:`no_remat`, on the corpus and the zoo:
+    JAX saves): that of :func:`as_written_masks`. Its peak against the compiler's,
+    beside that of :func:`no_remat`, on the corpus and the zoo:
     ``bench/results/no-remat.md``.
     """
     nothing = no_remat(graph, problem)
+    _, peak = ilp.evaluate(problem, *as_written_masks(graph, problem))
+    return dataclasses.replace(nothing, peak_bytes=min(peak, nothing.peak_bytes))
+
+
+def as_written_masks(graph: Graph, problem: ilp.Problem) -> tuple[np.ndarray, np.ndarray]:
+    """``(save, recompute)``: what the compiler holds of the function written without a
+    checkpoint, as a plan. XLA recomputes the values of a segment's elementwise and
+    data-movement chains inside the backward fusions reading them, and keeps instead
+    the values the chains start from (the results of dots, reductions, calls;
+    :func:`_fused_chains`): the former are recomputed, the latter saved. What another
+    region reads is kept (the compiler did not fuse a U-Net's skips into its decoder)."""
     save = problem.must_save | (problem.must_cover & problem.can_save)
     recompute = problem.must_cover & ~problem.can_save
     through, starts, chain = _fused_chains(graph, problem)
@@ -215,8 +222,7 @@ def as_written(graph: Graph, problem: ilp.Problem) -> Decisions:
         save[list(starts[k])] = True
         recompute[list(chain[k])] = True
     save &= ~away
-    _, peak = ilp.evaluate(problem, save, recompute & ~save)
-    return dataclasses.replace(nothing, peak_bytes=min(peak, nothing.peak_bytes))
+    return save, recompute & ~save
 
 
 def _fused_chains(graph: Graph, problem: ilp.Problem
@@ -228,8 +234,8 @@ def _fused_chains(graph: Graph, problem: ilp.Problem
     data-movement value of a segment that may be recomputed, that no scan and no
     convolution reads (:func:`autoremat._cost.reads_operands_whole`), that does not
     replay its segment's input barrier (:attr:`autoremat._graph.Value.replays_barrier`),
-    and whose chain starts at saveable values; so the plan whose peak :func:`as_written`
-    gives is a plan of the graph, and no least-peak plan is above it."""
+    and whose chain starts at saveable values; so :func:`as_written_masks` is a plan of
+    the graph, and no least-peak plan is above it."""
     index = {v.id: k for k, v in enumerate(graph.values)}
     segment = [r.kind == "segment" for r in graph.regions]
     read_whole = {index[u] for v in graph.values
