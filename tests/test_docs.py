@@ -195,3 +195,18 @@ def test_readme_links_resolve():
     missing = [r for r in refs if not urllib.parse.urlsplit(r).scheme
                and not (ROOT / r.split("#")[0]).exists()]
     assert not missing, missing
+
+
+def test_the_first_plan_prints_what_the_page_shows(capsys):
+    """The getting-started page's first plan, run: its report's figures and rows are the
+    page's (the solver's time aside)."""
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    section = page[page.index("## A first plan"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    shown = re.search(r"which printed.*?```text\n(.*?)```", section, re.S)
+    assert code and shown
+    source = code.group(1).replace("grads = jax.jit", "# grads = jax.jit")
+    exec(compile(source, "first_plan.py", "exec"), {})
+    printed = capsys.readouterr().out
+    steady = lambda text: [line for line in text.splitlines() if not line.startswith("solver")]
+    assert steady(printed) == steady(shown.group(1))
