@@ -122,11 +122,13 @@ class ClosedLoop:
                 self.fitted(plan, peak)
             else:
                 self.exceeded(plan, peak)
+                if self.best is None and self.near_no_remat:
+                    self.without_remat(plan.no_remat_peak_bytes)
             model_budget = self.budget_bytes
         if self.best is None:
             self.after_the_rounds()
         elif recompute_cost(self.best) > 0 and (self.near_no_remat or self.room_left()):
-            self.without_remat()
+            self.without_remat(self.best.no_remat_peak_bytes)
         assert self.best is not None  # fitted, or raised above
         return dataclasses.replace(self.best, verify_compiles=self.tries + self.refines)
 
@@ -160,16 +162,16 @@ class ClosedLoop:
         assert self.best.verified_peak_bytes is not None  # set when it fit
         return self.best.verified_peak_bytes < (1 - ROOM_LEFT) * self.budget_bytes
 
-    def without_remat(self) -> None:
-        """A plan that recomputes fit, and one compiled recomputes at most
-        ``NEAR_NO_REMAT`` of the step (whether it fit or not: the model's plans near no
-        remat may compile far above it), or the best leaves more than ``ROOM_LEFT`` of
-        the budget unused: the plan that recomputes nothing is the best instead where it
-        fits."""
-        assert self.budget_bytes is not None and self.best is not None  # set by the rounds
+    def without_remat(self, no_remat_peak: int) -> None:
+        """A plan compiled recomputes at most ``NEAR_NO_REMAT`` of the step (whether it
+        fit or not: the model's plans near no remat may compile far above it, and the
+        function as written is then tried at once when none fit yet), or the best leaves
+        more than ``ROOM_LEFT`` of the budget unused: the plan that recomputes nothing
+        (``no_remat_peak``: its modelled peak) is the best instead where it fits."""
+        assert self.budget_bytes is not None  # set by the rounds
         if self.no_remat is None:
             return
-        plan = self.no_remat(self.best.no_remat_peak_bytes)
+        plan = self.no_remat(no_remat_peak)
         decided = decisions(plan)
         if decided in self.compiled:
             return
