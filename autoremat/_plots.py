@@ -122,21 +122,19 @@ def memory_stages(plan: Plan) -> tuple[list[str], np.ndarray, np.ndarray]:
     graph = plan.graph
     problem = _solve.problem_of(graph)
     ids = graph.array("id")
-    nothing = _solve.no_remat(graph, problem)
-    baseline = (nothing.saved, nothing.recomputed) if graph.placement.restructures else \
-        tuple(frozenset(ids[m].tolist()) for m in _solve.as_written_masks(graph, problem))
 
-    def timeline(saved: frozenset[int], recomputed: frozenset[int]) -> np.ndarray:
-        stages = ilp.stage_bytes(problem, np.isin(ids, list(saved)),
-                                 np.isin(ids, list(recomputed)))
+    def timeline(save: np.ndarray, recompute: np.ndarray) -> np.ndarray:
+        stages = ilp.stage_bytes(problem, save, recompute)
         regions = problem.num_regions  # backward stages come first, then forward
         return np.concatenate([stages[regions:], stages[:regions][::-1]]).astype(np.int64)
 
     names = [f"{r.index}" + (f" ×{r.length}" if r.kind == "scan" else "")
              for r in graph.regions]
     labels = [f"F{n}" for n in names] + [f"B{n}" for n in reversed(names)]
-    return (labels, timeline(plan.saved, plan.recomputed),
-            timeline(*baseline))
+    nothing = (_solve.saving_all_masks(problem) if graph.placement.restructures
+               else _solve.as_written_masks(graph, problem))
+    return (labels, timeline(np.isin(ids, list(plan.saved)), np.isin(ids, list(plan.recomputed))),
+            timeline(*nothing))
 
 
 def memory_timeline(plan: Plan, path: str | os.PathLike, *, title: str | None = None) -> None:

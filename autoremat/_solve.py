@@ -191,8 +191,13 @@ def decisions(graph: Graph, problem: ilp.Problem,
 def no_remat(graph: Graph, problem: ilp.Problem) -> Decisions:
     """The plan that saves every value the backward pass reads and recomputes nothing
     (only zero-cost reads of scan inputs are 'recomputed')."""
-    save = problem.must_save | (problem.must_cover & problem.can_save)
-    return _fixed(graph, problem, save, problem.must_cover & ~problem.can_save)
+    return _fixed(graph, problem, *saving_all_masks(problem))
+
+
+def saving_all_masks(problem: ilp.Problem) -> tuple[np.ndarray, np.ndarray]:
+    """``(save, recompute)`` of :func:`no_remat`."""
+    return (problem.must_save | (problem.must_cover & problem.can_save),
+            problem.must_cover & ~problem.can_save)
 
 
 def as_written(graph: Graph, problem: ilp.Problem) -> Decisions:
@@ -214,8 +219,7 @@ def as_written_masks(graph: Graph, problem: ilp.Problem) -> tuple[np.ndarray, np
     the values the chains start from (the results of dots, reductions, calls;
     :func:`_fused_chains`): the former are recomputed, the latter saved. What another
     region reads is kept (the compiler did not fuse a U-Net's skips into its decoder)."""
-    save = problem.must_save | (problem.must_cover & problem.can_save)
-    recompute = problem.must_cover & ~problem.can_save
+    save, recompute = saving_all_masks(problem)
     through, starts, chain = _fused_chains(graph, problem)
     away = save & through & ~graph.array("needed_across", bool)
     for k in np.flatnonzero(away):

@@ -65,7 +65,8 @@ def candidates(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], options
 def no_remat_peak(found: Sequence[Candidate], options: PlanOptions) -> int:
     """The peak of no remat: the least over the placements ``found`` (the model of a
     placement with larger regions holds more at once, though no remat is one step)."""
-    return min(no_remat_decisions(c.facts, *c.problem(options)).peak_bytes for c in found)
+    placed = [(c.facts, *c.problem(options)) for c in found]
+    return min(d.peak_bytes for _, _, d in no_remat_baselines(placed))
 
 
 def runs_as_written(facts: _trace.ProgramFacts, graph: Graph) -> bool:
@@ -125,6 +126,17 @@ def least_no_remat(placed: Sequence[tuple[_trace.ProgramFacts, Graph, ilp.Proble
     written = [p for p in placed if runs_as_written(p[0], p[1])] or placed[:1]
     return min(((f, g, no_remat_decisions(f, g, p)) for f, g, p in written),
                key=lambda fgd: fgd[2].peak_bytes)
+
+
+def no_remat_baselines(placed: Sequence[tuple[_trace.ProgramFacts, Graph, ilp.Problem]]
+                       ) -> list[tuple[_trace.ProgramFacts, Graph, _solve.Decisions]]:
+    """Per placement ``(facts, graph, problem)``, where its plan recomputing nothing is
+    made and its decisions: for those that run as written, the function as written on
+    the one modelling it lowest (:func:`least_no_remat`, the same step); for the others,
+    saving every value the backward reads on their own graph."""
+    written = least_no_remat(placed)
+    return [written if runs_as_written(f, g) else (f, g, _solve.no_remat(g, p))
+            for f, g, p in placed]
 
 
 def no_remat_plan(facts: _trace.ProgramFacts, graph: Graph, baseline: _solve.Decisions,

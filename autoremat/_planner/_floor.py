@@ -15,9 +15,10 @@ from autoremat._planner._candidates import (
     Candidate,
     SolverClock,
     checked,
-    least_no_remat,
+    no_remat_baselines,
     no_remat_plan,
     plan_of,
+    runs_as_written,
 )
 from autoremat._planner._options import PlanOptions
 
@@ -46,10 +47,11 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
                                  "time_limit_s.")
     chosen = [(peak, k) for peak, k in found if peak <= found[0][0] * (1 + within)]
     solves = [r for _, _, r in lowest]
-    facts, graph, nothing = least_no_remat(
+    baselines = no_remat_baselines(
         [(c.facts, g, p) for c, (g, p, _) in zip(candidates, lowest, strict=True)])
-    no_remat = min(nothing.peak_bytes, *(_solve.no_remat(g, p).peak_bytes
-                                        for g, p, _ in lowest))
+    no_remat = min(d.peak_bytes for _, _, d in baselines)
+    facts, graph, nothing = next((b for b in baselines if runs_as_written(b[0], b[1])),
+                                 baselines[0])
     floors = [_floor_plan(lowest[k], peak, solves, no_remat, options, clock,
                           left=2 * (len(chosen) - i))
               for i, (peak, k) in enumerate(chosen)]

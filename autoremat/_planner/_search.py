@@ -20,10 +20,9 @@ from autoremat._planner._candidates import (
     SolveLimits,
     SolverClock,
     checked,
-    least_no_remat,
+    no_remat_baselines,
     no_remat_plan,
     plan_of,
-    runs_as_written,
 )
 from autoremat._planner._options import PlanOptions
 
@@ -92,9 +91,7 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
     outcomes: list[_Outcome] = []
     problems = [candidate.problem(options) for candidate in candidates]
     placed = [(c.facts, *p) for c, p in zip(candidates, problems, strict=True)]
-    written = least_no_remat(placed)
-    nothing = [written if runs_as_written(f, g) else (f, g, _solve.no_remat(g, p))
-               for f, g, p in placed]
+    nothing = no_remat_baselines(placed)
     no_remat_peak = min(d.peak_bytes for _, _, d in nothing)
     budget_bytes = resolve_budget(budget, problems[0][0], no_remat_peak)
     nothing_plans = [no_remat_plan(f, g, d, budget_bytes, no_remat_peak, options)
