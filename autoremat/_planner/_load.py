@@ -17,7 +17,6 @@ from autoremat._graph import Graph
 from autoremat._plan import Plan
 from autoremat._planner._candidates import (
     candidates,
-    no_remat_decisions,
     no_remat_peak,
     no_remat_plan,
     plan_of,
@@ -76,7 +75,7 @@ def load_plan(path: str | os.PathLike, fn: Any, *args: Any, **kwargs: Any) -> Pl
     options = PlanOptions(offload=policy.offload, layout=policy.layout)
     found = candidates(flat_fn, avals, options)
     no_remat = no_remat_peak(found, options)
-    baseline = no_remat_decisions(found[0].facts, graph, problem)
+    baseline = _solve.no_remat(graph, problem)
     if (d.saved, d.recomputed, d.offloaded) == (baseline.saved, baseline.recomputed,
                                                 frozenset()):
         plan = no_remat_plan(found[0].facts, graph, d, policy.budget_bytes, no_remat, options)
@@ -100,6 +99,8 @@ def _evaluate(policy: PolicyFile, graph: Graph, problem: ilp.Problem,
     differences = [re.sub(r"(value|input) (\d+)", name, msg)
                    for msg in ilp.violations(problem, save, recompute, offload)]
     cost, peak = ilp.evaluate(problem, save, recompute, offload)
+    if policy.no_remat:  # the function as written, whose compiler fuses what JAX saves
+        peak = _solve.as_written(graph, problem).peak_bytes
     decisions = _solve.decisions(graph, problem, ilp.Solution(
         ilp.Status(policy.status), save, recompute, cost, peak, cost, policy.gap,
         policy.solve_seconds, offload if policy.offload is not None else None))

@@ -81,3 +81,11 @@ def test_a_policy_file_keeps_it(no_remat, tmp_path):
     assert loaded.no_remat and loaded.saved_bytes == no_remat.saved_bytes
     assert "runs as written" in format_report(autoremat.PolicyFile.read(path))
     assert "runs as written" in no_remat.report()
+
+
+def test_a_policy_file_of_the_floor_as_written_loads_with_its_peak(tmp_path):
+    floor = autoremat.plan(_loss, *_args(), budget="floor")
+    path = os.fspath(tmp_path / "floor.json")
+    floor.save(path)
+    loaded = autoremat.load_plan(path, _loss, *_args())
+    assert floor.no_remat and loaded.no_remat and loaded.peak_bytes == floor.peak_bytes
