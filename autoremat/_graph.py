@@ -155,6 +155,8 @@ class Graph:
         its scans split).
       grad_buffers: bytes of each floating-point argument's gradient (the compiler's
         output buffers), largest first.
+      grad_written: the region whose backward writes each of ``grad_buffers`` (the last
+        one reading its argument; ``len(regions)`` for an argument no region reads).
       fixed_flops: FLOPs every plan on this graph adds to the step whatever it decides:
         what JAX recomputes that no name reaches (values inside a nested loop or a
         ``cond``, made by a custom differentiation rule, or from literals; asked of JAX
@@ -171,6 +173,7 @@ class Graph:
     fingerprint: str
     placement: Placement
     grad_buffers: tuple[int, ...] = ()
+    grad_written: tuple[int, ...] = ()
     layout: Layout = "dense"
     fixed_flops: int = 0
     constants: tuple[Constant, ...] = ()
@@ -187,17 +190,24 @@ class Graph:
     def reserved_room(self, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """How saved values of ``held`` bytes may share the gradients' buffers: ``(masks,
         room)``, one bound per distinct buffer size ``s``: the values larger than ``s``
-        fit only in the buffers larger than ``s``, whose bytes are the bound's room (0 for
-        those larger than every buffer). Bounds whose values a larger size's bound counts
-        already are left out."""
+        fit only in the buffers larger than ``s``, and at a region's stages only in those
+        its backward or an earlier region's writes (a buffer written before holds its
+        gradient; a value shares a buffer only if it dies before the buffer is written,
+        and a region's saved values live to its backward). ``room[k, i]``: the bytes of
+        those buffers at region ``i``'s stages (0 for values larger than every buffer).
+        Bounds whose values a larger size's bound counts already are left out."""
         sizes = sorted(set(self.grad_buffers), reverse=True)
+        buffers, written = np.array(self.grad_buffers), np.array(self.grad_written)
+        regions = np.arange(len(self.regions))
         masks, room = [], []
         for s in sizes:
             mask = held > s
             if not masks or (mask != masks[-1]).any():
                 masks.append(mask)
-                room.append(sum(b for b in self.grad_buffers if b > s))
-        return np.array(masks, dtype=bool).reshape(-1, len(held)), np.array(room, np.int64)
+                fits = buffers > s
+                room.append([int(buffers[fits & (written <= i)].sum()) for i in regions])
+        return (np.array(masks, dtype=bool).reshape(-1, len(held)),
+                np.array(room, np.int64).reshape(-1, len(self.regions)))
 
     def backward_base_bytes(self) -> np.ndarray:
         """Bytes in use at each region's backward stage whatever the plan: the arguments,

@@ -46,8 +46,10 @@ gradients, apart from its temporaries, for the whole step; a temporary shares an
 buffer only if it fits in it and is dead before the output is written. So each stage
 has further bounds: the arguments, *all* the gradients, the region's working set or
 cotangents and its recomputed values, and the saved values larger than a gradient's
-size, less the bytes of the gradients larger than that size (those values pack into
-them at best; :meth:`Graph.reserved_room`). A stage's bytes are the largest of the
+size, less the bytes of the gradients larger than that size written at the region's
+backward or later (those values pack into them at best; a region's saved values live to
+its backward, so a buffer an earlier backward writes holds its gradient already:
+:meth:`Graph.reserved_room`). A stage's bytes are the largest of the
 bounds (on a 32-layer MLP whose 16 MiB hidden activations do not fit in its 8 MiB weight
 gradients, the bound is the compiler's peak within 1%; on a Flax transformer encoder
 whose 4 MiB residual stream fits in its 8 MiB embedding gradient alone, counting the room

@@ -29,6 +29,25 @@ def test_activations_larger_than_every_weight_cannot_share_the_gradients():
     assert (forward - graph.forward_base_bytes() == graph.grad_bytes).all()
 
 
+def test_a_regions_saved_values_share_only_the_gradients_written_at_its_backward_or_later():
+    """The backward visits regions last to first: the second layer's weight gradient is
+    written before the first region's saved values die, so they cannot share it."""
+    w1, w2, x = jnp.ones((16, 32)), jnp.ones((32, 8)), jnp.ones((8, 16))
+    loss = lambda w1, w2, x: jnp.sum(jnp.tanh(jnp.tanh(x @ w1) @ w2))
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (w1, w2, x)]
+    program = _trace.trace_program(lambda *a: [loss(*a)], avals)
+    dots = [i for i, e in enumerate(program.eqns) if e.primitive.name == "dot_general"]
+    _, graph = _trace.graph_of(program, Placement((dots[1],)))
+    assert len(graph.regions) == 2
+    written = dict(zip(graph.grad_buffers, graph.grad_written, strict=True))
+    assert written[w1.nbytes] == 0 and written[w2.nbytes] == 1
+    # Values larger than x's gradient fit in w1's and w2's: at region 0's stages only in
+    # w1's, at region 1's in both.
+    masks, room = graph.reserved_room(np.full(len(graph.values), x.nbytes + 1))
+    assert masks[-1].all()
+    assert room[-1].tolist() == [w1.nbytes, w1.nbytes + w2.nbytes]
+
+
 def _skip_net(w, x):
     """A long skip connection: ``x`` is concatenated to the result of three layers."""
     x = jnp.tanh(x @ w)

@@ -43,18 +43,21 @@ def graph_of(program: Program, placement: Placement, facts: ProgramFacts | None 
     _xs_slices_hold_their_input(build)
     _group_outputs_are_kept(build)
     _handed_on_values_are_released(build)
-    grads = [program.value_bytes(a) for a in program.args if is_float(program.avals[a])]
+    written = {a: max(rs) for a, rs in build.readers.items()}
+    grads = sorted(((program.value_bytes(a), written.get(a, len(build.regions)))
+                    for a in program.args if is_float(program.avals[a])), reverse=True)
     graph = Graph(
         values=tuple(build.values[vid].value() for vid in sorted(build.values)),
         regions=tuple(region for region, _ in built),
         arg_bytes=sum(map(program.value_bytes, program.args)),
-        grad_bytes=sum(grads),
+        grad_bytes=sum(b for b, _ in grads),
         step_flops=sum(answer.step_flops for _, answer in built),
         fixed_flops=sum(answer.fixed_flops for _, answer in built) + facts.split_flops,
         fingerprint=facts.fingerprint,
         layout=program.layout,
         placement=placement,
-        grad_buffers=tuple(sorted(grads, reverse=True)),
+        grad_buffers=tuple(b for b, _ in grads),
+        grad_written=tuple(r for _, r in grads),
         constants=_constants(build),
     )
     return build.regions, _sharding.per_device_flops(graph, program)

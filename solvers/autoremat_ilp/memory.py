@@ -28,7 +28,8 @@ allocates the step's outputs apart, whatever their live range) but can hold any 
 that fits in one of them and is dead by the time it is written. Each stage then has
 further bounds, ``reserved_base[i]`` (backward) or ``reserved_forward_base[i]`` (forward)
 plus the same terms with the saved values restricted to a mask ``unshared[k]``, less the
-reserved bytes ``reserved_room[k]`` those values may share: a stage's bytes are the
+reserved bytes ``reserved_room[k]`` (or ``reserved_room[k, i]`` at region ``i``'s
+stages) those values may share: a stage's bytes are the
 largest of the bounds (the values that fit are taken to pack into the room perfectly;
 values of a size that only some reserved buffers fit in have the room of those alone).
 """

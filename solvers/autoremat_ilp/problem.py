@@ -48,7 +48,8 @@ class Problem:
         whatever the plan, with the reserved buffers, at each backward and forward stage;
         ``unshared``, a mask over the values, or one per bound (``(K, V)``), of those
         counted; ``reserved_room``, per bound, the reserved bytes those values may share,
-        taken off the bound (``None``: none). ``None`` (the default): no further bound.
+        taken off the bound: one figure (``(K,)``) or one per region's stages (``(K, R)``)
+        (``None``: none). ``None`` (the default): no further bound.
       nest: per region, the nested group it belongs to (``-1``: none); ``None`` (the
         default): no nesting.
       released: per value, the region at whose backward stage a saved value is freed, at
@@ -117,16 +118,17 @@ class Problem:
         (``released``, or its own region)."""
         return self.region if self.released is None else self.released
 
-    def reserved_bounds(self) -> list[tuple[np.ndarray, int]]:
+    def reserved_bounds(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each further stage bound's mask of the values it counts and the reserved bytes
-        they may share (see ``unshared``, ``reserved_room``); empty without reserved
-        buffers."""
+        they may share at each region's stages (see ``unshared``, ``reserved_room``);
+        empty without reserved buffers."""
         if self.unshared is None:
             return []
         masks = np.atleast_2d(self.unshared).astype(bool)
         room = np.zeros(len(masks), np.int64) if self.reserved_room is None \
-            else self.reserved_room
-        return [(m, int(r)) for m, r in zip(masks, room, strict=True)]
+            else np.asarray(self.reserved_room, np.int64)
+        room = np.broadcast_to(room.reshape(len(masks), -1), (len(masks), self.num_regions))
+        return [(m, r) for m, r in zip(masks, room, strict=True)]
 
     @property
     def num_values(self) -> int:
