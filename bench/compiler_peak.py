@@ -1,0 +1,92 @@
+"""What the compiler holds at its peak: the live buffers of one planned step.
+
+Plans a corpus or zoo model at a budget (``none``: the function as written), compiles the
+step ahead of time for the target with XLA's dumps on, and reads the dumped buffer
+assignment and live ranges: the temporaries live at the peak of the compiler's schedule,
+largest first, each with the operation that made it. The step's peak is the arguments,
+the outputs and those temporaries. For finding where the memory model and the compiler
+disagree (``bench/results/no-remat.md``, the corpus tables).
+
+    python bench/compiler_peak.py --model nnx-transformer --budget floor
+    python bench/compiler_peak.py --model keras-transformer --budget 428MiB --top 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import tempfile
+
+_DUMP = tempfile.mkdtemp(prefix="autoremat-dump-")
+# XLA reads its flags when the backend starts, before anything below is imported; a
+# cached measurement would compile nothing.
+os.environ.pop("AUTOREMAT_MEASURE_CACHE", None)
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           f" --xla_dump_to={_DUMP} --xla_dump_hlo_module_re=.*loss.*")
+
+import autoremat  # noqa: E402
+from autoremat import _cli, zoo  # noqa: E402
+
+CORPUS = _cli._load_corpus(pathlib.Path(__file__).parent / "corpus")
+
+
+def _one(pattern: str) -> str:
+    (path,) = pathlib.Path(_DUMP).glob(pattern)
+    return path.read_text()
+
+
+def peak_buffers(top: int) -> list[str]:
+    """Lines for the temporaries live at the peak of the dumped step, largest first."""
+    assignment = _one("*after_optimizations-buffer-assignment.txt")
+    ranges_text = _one("*after_optimizations-live-range.txt")
+    hlo = _one("*after_optimizations.txt")
+    temp = max((a for a in re.split(r"\n(?=allocation \d+:)", assignment)
+                if "preallocated-temp" in a.split("\n")[0]),
+               key=lambda a: int(re.search(r"size (\d+)", a)[1]))
+    values = [(n if "{" in n else n + "{}", int(s), int(o)) for n, s, o in
+              re.findall(r"value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\)", temp)]
+    ranges = {k: tuple(map(int, v.split("-"))) for k, v in
+              re.findall(r"^\s+(\S+\{[\d,]*\}):(\d+-\d+)$", ranges_text, re.M)}
+    ops = {m[1]: m[2] for m in re.finditer(
+        r"^\s+(?:ROOT )?%(\S+) = .*?op_name=\"([^\"]*)\"", hlo, re.M)}
+    steps = 1 + max((b for _, b in ranges.values()), default=0)
+    live = [0] * steps
+    for name, size, _ in set(values):
+        if name in ranges:
+            for t in range(ranges[name][0], ranges[name][1] + 1):
+                live[t] += size
+    peak = max(range(steps), key=live.__getitem__)
+    at_peak = sorted(((s, n) for n, s, _ in set(values)
+                      if n in ranges and ranges[n][0] <= peak <= ranges[n][1]), reverse=True)
+    lines = [f"temporaries live at step {peak} of {steps}: {live[peak] / 2**20:.1f} MiB "
+             f"(the heap: {max(o + s for _, s, o in values) / 2**20:.1f} MiB)"]
+    lines += [f"  {s / 2**20:9.2f} MiB  {n:40s} {ranges[n][0]:5d}-{ranges[n][1]:<5d} "
+              f"{ops.get(n.split('{')[0], '?')[-100:]}" for s, n in at_peak[:top]]
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, choices=sorted({*CORPUS, *zoo.ZOO}))
+    parser.add_argument("--budget", default="floor", help="a budget, or none (no plan)")
+    parser.add_argument("--target", default="tpu-v5e")
+    parser.add_argument("--top", type=int, default=20)
+    args = parser.parse_args()
+    m = CORPUS[args.model] if args.model in CORPUS else zoo.get(args.model)
+    loss, shapes = m.make_loss(), (m.param_shapes(), m.batch_shapes())
+    step = loss
+    if args.budget != "none":
+        plan = autoremat.plan(loss, *shapes, budget=args.budget)
+        print(plan.report(max_rows=args.top))
+        step = plan.apply(loss)
+    real = autoremat.measure_step(step, *shapes, target=args.target)
+    print(f"compiler peak {real.peak_bytes / 2**20:.1f} MiB: arguments "
+          f"{real.argument_bytes / 2**20:.1f}, outputs {real.output_bytes / 2**20:.1f}, "
+          f"temporaries {real.temp_bytes / 2**20:.1f}")
+    print("\n".join(peak_buffers(args.top)))
+
+
+if __name__ == "__main__":
+    main()
