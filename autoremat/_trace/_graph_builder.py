@@ -10,11 +10,12 @@ from autoremat import _program, _sharding
 from autoremat._graph import Constant, Graph, Region, Value
 from autoremat._placement import Placement
 from autoremat._program import Atom, Eqn, Program, Segment
-from autoremat._trace._common import abstract, is_float, produced, source_of
+from autoremat._trace._common import abstract, produced, source_of
 from autoremat._trace._facts import ProgramFacts, program_facts
 from autoremat._trace._memory import (
     cotangent_bytes,
     grad_bytes_by_region,
+    gradient_buffers,
     in_flight_cotangent_bytes,
     work_bytes,
 )
@@ -43,21 +44,18 @@ def graph_of(program: Program, placement: Placement, facts: ProgramFacts | None 
     _xs_slices_hold_their_input(build)
     _group_outputs_are_kept(build)
     _handed_on_values_are_released(build)
-    written = {a: max(rs) for a, rs in build.readers.items()}
-    grads = sorted(((program.value_bytes(a), written.get(a, len(build.regions)))
-                    for a in program.args if is_float(program.avals[a])), reverse=True)
     graph = Graph(
         values=tuple(build.values[vid].value() for vid in sorted(build.values)),
         regions=tuple(region for region, _ in built),
         arg_bytes=sum(map(program.value_bytes, program.args)),
-        grad_bytes=sum(b for b, _ in grads),
+        grad_bytes=sum(b for b, _ in build.gradients),
         step_flops=sum(answer.step_flops for _, answer in built),
         fixed_flops=sum(answer.fixed_flops for _, answer in built) + facts.split_flops,
         fingerprint=facts.fingerprint,
         layout=program.layout,
         placement=placement,
-        grad_buffers=tuple(b for b, _ in grads),
-        grad_written=tuple(r for _, r in grads),
+        grad_buffers=tuple(b for b, _ in build.gradients),
+        grad_written=tuple(r for _, r in build.gradients),
         constants=_constants(build),
     )
     return build.regions, _sharding.per_device_flops(graph, program)
@@ -99,6 +97,8 @@ class _Build:
       values: by value id, every value the regions make, in program order.
       in_flight: by region, the bytes of cotangents live across its whole backward pass
         (:func:`autoremat._trace._memory.in_flight_cotangent_bytes`).
+      gradients: ``(bytes, region writing it)`` of each argument gradient
+        (:func:`autoremat._trace._memory.gradient_buffers`).
       grad_bytes: by region, the bytes of argument gradients at its backward stage.
       kept_constants: the program's constants the regions' backward passes read whatever
         the plan.
@@ -110,6 +110,7 @@ class _Build:
     readers: Mapping[int, set[int]]
     values: dict[int, _Placed]
     in_flight: Sequence[int]
+    gradients: Sequence[tuple[int, int]]
     grad_bytes: Sequence[int]
     kept_constants: set[int]
 
@@ -127,10 +128,11 @@ class _Build:
         values = {vid: _Placed(facts.values[vid], r.index, facts.values[vid].saveable,
                                facts.values[vid].multiplicity)
                   for r in regions for e in r.eqns for vid in facts.made[e]}
+        gradients = gradient_buffers(program, len(regions), last_reader)
         return cls(program, facts, regions, readers, values,
                    in_flight_cotangent_bytes(regions, last_reader, facts.cotangent_size,
                                              facts.differentiable),
-                   grad_bytes_by_region(program, len(regions), last_reader), set())
+                   gradients, grad_bytes_by_region(gradients, len(regions)), set())
 
     def made(self, eqns: Iterable[Eqn]) -> Iterator[_Placed]:
         """The values the top-level equations ``eqns`` make."""

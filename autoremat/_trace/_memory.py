@@ -164,11 +164,17 @@ def differentiable(program: Program) -> set[int]:
     return out
 
 
-def grad_bytes_by_region(program: Program, num_regions: int, last_reader: dict[int, int]
+def gradient_buffers(program: Program, num_regions: int, last_reader: dict[int, int]
+                     ) -> list[tuple[int, int]]:
+    """``(bytes, region)`` of each floating-point argument's gradient, largest first: the
+    region is the one whose backward writes it, the last reading its argument
+    (``last_reader``; ``num_regions`` for an argument no region reads)."""
+    return sorted(((program.value_bytes(a), last_reader.get(a, num_regions))
+                   for a in program.args if is_float(program.avals[a])), reverse=True)
+
+
+def grad_bytes_by_region(gradients: Sequence[tuple[int, int]], num_regions: int
                          ) -> list[int]:
-    """Bytes of argument gradients that exist at each region's backward stage: an
-    argument's gradient appears at the backward of the last region reading it
-    (``last_reader``)."""
-    grads = [(last_reader.get(a, num_regions), program.value_bytes(a))
-             for a in program.args if is_float(program.avals[a])]
-    return [sum(b for r, b in grads if r >= i) for i in range(num_regions)]
+    """Bytes of argument gradients that exist at each region's backward stage, from
+    :func:`gradient_buffers`."""
+    return [sum(b for b, r in gradients if r >= i) for i in range(num_regions)]
