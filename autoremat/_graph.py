@@ -187,26 +187,38 @@ class Graph:
         """Bytes every plan holds by the end: the arguments and their gradients."""
         return self.arg_bytes + self.grad_bytes
 
-    def reserved_room(self, held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def reserved_room(self, held: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """How saved values of ``held`` bytes may share the gradients' buffers: ``(masks,
-        room)``, one bound per distinct buffer size ``s``: the values larger than ``s``
-        fit only in the buffers larger than ``s``, and at a region's stages only in those
-        its backward or an earlier region's writes (a buffer written before holds its
-        gradient; a value shares a buffer only if it dies before the buffer is written,
-        and a region's saved values live to its backward). ``room[k, i]``: the bytes of
-        those buffers at region ``i``'s stages (0 for values larger than every buffer).
-        Bounds whose values a larger size's bound counts already are left out."""
+        caps, room)``, bounds per distinct buffer size ``s``: the values larger than
+        ``s`` fit only in the buffers larger than ``s``, and at a region's stages only in
+        those its backward or an earlier region's writes (a buffer written before holds
+        its gradient; a value shares a buffer only if it dies before the buffer is
+        written, and a region's saved values live to its backward). A buffer holds one
+        value at a time, so each size ``s`` has one bound per cap ``t``, none or one of
+        the sizes of those values smaller than a buffer they fit in: each value counts at
+        most ``t`` bytes (``caps[k]``) and each buffer shares at most ``t``; ``room[k,
+        i]``: the bytes those buffers share at region ``i``'s stages (0 for values larger
+        than every buffer). Bounds whose values a larger size's bound counts already are
+        left out."""
         sizes = sorted(set(self.grad_buffers), reverse=True)
         buffers, written = np.array(self.grad_buffers), np.array(self.grad_written)
         regions = np.arange(len(self.regions))
-        masks, room = [], []
+        none = np.iinfo(np.int64).max
+        masks, caps, room = [], [], []
         for s in sizes:
             mask = held > s
-            if not masks or (mask != masks[-1]).any():
+            if masks and (mask == masks[-1]).all():
+                continue
+            fits = buffers > s
+            largest = buffers[fits].max(initial=0)
+            for t in (none, *sorted(set(held[mask & (held < largest)].tolist()))):
                 masks.append(mask)
-                fits = buffers > s
-                room.append([int(buffers[fits & (written <= i)].sum()) for i in regions])
+                caps.append(t)
+                room.append([int(np.minimum(buffers[fits & (written <= i)], t).sum())
+                             for i in regions])
         return (np.array(masks, dtype=bool).reshape(-1, len(held)),
+                np.array(caps, np.int64),
                 np.array(room, np.int64).reshape(-1, len(self.regions)))
 
     def backward_base_bytes(self) -> np.ndarray:

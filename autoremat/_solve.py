@@ -47,9 +47,10 @@ buffer only if it fits in it and is dead before the output is written. So each s
 has further bounds: the arguments, *all* the gradients, the region's working set or
 cotangents and its recomputed values, and the saved values larger than a gradient's
 size, less the bytes of the gradients larger than that size written at the region's
-backward or later (those values pack into them at best; a region's saved values live to
-its backward, so a buffer an earlier backward writes holds its gradient already:
-:meth:`Graph.reserved_room`). A stage's bytes are the largest of the
+backward or later (a region's saved values live to its backward, so a buffer an earlier
+backward writes holds its gradient already), and, a buffer holding one value at a time,
+again with each value and each buffer counted at most ``t`` bytes for each size ``t`` of
+those values (:meth:`Graph.reserved_room`). A stage's bytes are the largest of the
 bounds (on a 32-layer MLP whose 16 MiB hidden activations do not fit in its 8 MiB weight
 gradients, the bound is the compiler's peak within 1%; on a Flax transformer encoder
 whose 4 MiB residual stream fits in its 8 MiB embedding gradient alone, counting the room
@@ -124,7 +125,7 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
     held = graph.array("multiplicity") * graph.array("nbytes")
     in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     reserved_base, reserved_forward_base = graph.reserved_base_bytes()
-    masks, room = graph.reserved_room(held) if graph.grad_bytes else (None, None)
+    masks, caps, room = graph.reserved_room(held) if graph.grad_bytes else (None,) * 3
     problem = ilp.Problem(
         cost=((graph.recompute_flops() if op_times is None else
                recompute_costs(graph, op_times)) + graph.iterations() * (1 + moved)).astype(float),
@@ -148,6 +149,7 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
         reserved_forward_base=reserved_forward_base,
         unshared=masks,
         reserved_room=room,
+        reserved_cap=caps,
         nest=np.array([r.nest for r in graph.regions]) if nested.any() else None,
         released=released if (released != region).any() else None,
     )

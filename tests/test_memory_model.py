@@ -19,11 +19,12 @@ def test_activations_larger_than_every_weight_cannot_share_the_gradients():
     assert graph.grad_buffers == (x.nbytes, w1.nbytes, w2.nbytes)
     problem = _solve.problem_of(graph)
     hidden = np.array([v.shape == (64, 32) for v in graph.values])
-    (larger, room_larger), (fits_x, room_x) = problem.reserved_bounds()
-    assert larger[hidden].all() and not larger[~hidden].any() and room_larger == 0
+    larger, fits_x = problem.reserved_bounds()
+    assert (larger.held[hidden] > 0).all() and not larger.held[~hidden].any()
+    assert (larger.room == 0).all()
     # The values of x's size fit in x's gradient alone.
-    assert (fits_x == np.array([v.nbytes > w1.nbytes for v in graph.values])).all()
-    assert room_x == x.nbytes
+    assert ((fits_x.held > 0) == np.array([v.nbytes > w1.nbytes for v in graph.values])).all()
+    assert (fits_x.room == x.nbytes).all()
     backward, forward = graph.reserved_base_bytes()
     assert (backward - graph.backward_base_bytes() >= 0).all()
     assert (forward - graph.forward_base_bytes() == graph.grad_bytes).all()
@@ -43,9 +44,12 @@ def test_a_regions_saved_values_share_only_the_gradients_written_at_its_backward
     assert written[w1.nbytes] == 0 and written[w2.nbytes] == 1
     # Values larger than x's gradient fit in w1's and w2's: at region 0's stages only in
     # w1's, at region 1's in both.
-    masks, room = graph.reserved_room(np.full(len(graph.values), x.nbytes + 1))
-    assert masks[-1].all()
-    assert room[-1].tolist() == [w1.nbytes, w1.nbytes + w2.nbytes]
+    held = x.nbytes + 1
+    masks, caps, room = graph.reserved_room(np.full(len(graph.values), held))
+    assert masks[-2:].all() and caps[-1] == held
+    assert room[-2].tolist() == [w1.nbytes, w1.nbytes + w2.nbytes]
+    # A buffer holds one value at a time: of each, the value's bytes at most.
+    assert room[-1].tolist() == [held, 2 * held]
 
 
 def _skip_net(w, x):

@@ -19,8 +19,10 @@ def test_plan_reports_the_solvers_progress_and_makes_the_same_plan():
     assert plan.recompute_flops > 0
     for elapsed, best, bound in calls:
         assert elapsed >= 0 and math.isfinite(best) and best >= bound
-    # The objective is the recomputed FLOPs and small tie-breaks (see autoremat._solve).
-    assert min(best for _, best, _ in calls) == pytest.approx(plan.recompute_flops, rel=0.05)
+    # The objective is the recomputed FLOPs and small tie-breaks (see autoremat._solve),
+    # and the plan the cheapest of every placement's: no dearer than any plan reported
+    # (a placement whose solve ends in presolve reports none).
+    assert plan.recompute_flops <= min(best for _, best, _ in calls) < plan.step_flops
     assert len({best for _, best, _ in calls}) > 2  # HiGHS reports better plans as found
 
 

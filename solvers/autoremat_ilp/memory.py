@@ -29,9 +29,12 @@ that fits in one of them and is dead by the time it is written. Each stage then 
 further bounds, ``reserved_base[i]`` (backward) or ``reserved_forward_base[i]`` (forward)
 plus the same terms with the saved values restricted to a mask ``unshared[k]``, less the
 reserved bytes ``reserved_room[k]`` (or ``reserved_room[k, i]`` at region ``i``'s
-stages) those values may share: a stage's bytes are the
-largest of the bounds (the values that fit are taken to pack into the room perfectly;
-values of a size that only some reserved buffers fit in have the room of those alone).
+stages) those values may share: a stage's bytes are the largest of the bounds (values
+of a size that only some reserved buffers fit in have the room of those alone). A
+buffer holds one value at a time: with a cap ``reserved_cap[k] = t`` each value counts
+at most ``t`` bytes and the room is at most ``t`` per buffer, a lower bound on the
+stage whatever value each buffer holds; over the values' sizes ``t``, the largest of
+these bounds is the stage's bytes when the buffers the values fit in are of one size.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ import numpy as np
 
 from autoremat_ilp.problem import Problem
 
-__all__ = ["evaluate", "host_bytes", "prune", "stage_bytes", "violations", "windows"]
+__all__ = ["evaluate", "host_bytes", "prune", "reserved_peaks", "stage_bytes", "violations",
+           "windows"]
 
 
 def _offload_mask(problem: Problem, offload: np.ndarray | None) -> np.ndarray:
@@ -75,21 +79,45 @@ def stage_bytes(problem: Problem, save: np.ndarray, recompute: np.ndarray,
       ``2R`` Python integers (an object array): each region's backward stage, then each
       region's forward stage, in region order.
     """
-    trans = _by_region(problem, recompute.astype(bool), problem.transient)
     offloaded = _offload_mask(problem, offload)
-    trans += _by_region(problem, offloaded, problem.offload_backward)
+    trans = _transients(problem, recompute, offloaded)
     saved = save.astype(bool)
     released, held, own = _held_by_region(problem, saved)
     own += _by_region(problem, offloaded, problem.offload_forward)
     stages = _stages(problem, problem.base, problem.forward_base, released, held, own, trans)
-    for mask, room in problem.reserved_bounds():
+    for bound_stages in _reserved_stages(problem, saved, trans):
+        stages = np.maximum(stages, bound_stages)
+    return stages
+
+
+def reserved_peaks(problem: Problem, save: np.ndarray, recompute: np.ndarray,
+                   offload: np.ndarray | None = None) -> list[int]:
+    """The largest stage of each further stage bound (:meth:`Problem.reserved_bounds`)
+    for a plan (arguments as for :func:`stage_bytes`)."""
+    trans = _transients(problem, recompute, _offload_mask(problem, offload))
+    return [int(max(s, default=0)) for s in _reserved_stages(problem, save.astype(bool), trans)]
+
+
+def _transients(problem: Problem, recompute: np.ndarray, offloaded: np.ndarray
+                ) -> np.ndarray:
+    """Per region, the bytes its backward recomputes and brings back from the host."""
+    return (_by_region(problem, recompute.astype(bool), problem.transient)
+            + _by_region(problem, offloaded, problem.offload_backward))
+
+
+def _reserved_stages(problem: Problem, saved: np.ndarray, trans: np.ndarray
+                     ) -> list[np.ndarray]:
+    """Each further stage bound's backward then forward stages (``trans``: the bytes
+    recomputed and brought back at each region's backward)."""
+    out = []
+    for bound in problem.reserved_bounds():
         # ``unshared`` comes with both reserved bases.
         assert problem.reserved_base is not None and problem.reserved_forward_base is not None
-        rreleased, rheld, rown = _held_by_region(problem, saved & mask)
-        stages = np.maximum(stages, _stages(problem, problem.reserved_base - room,
-                                            problem.reserved_forward_base - room, rreleased,
-                                            rheld, rown, trans))
-    return stages
+        released, held, own = _held_by_region(problem, saved, bound.held, bound.forward_held)
+        out.append(_stages(problem, problem.reserved_base - bound.room,
+                           problem.reserved_forward_base - bound.room, released, held, own,
+                           trans))
+    return out
 
 
 def _by_region(problem: Problem, mask: np.ndarray, nbytes: np.ndarray | None,
@@ -105,14 +133,18 @@ def _by_region(problem: Problem, mask: np.ndarray, nbytes: np.ndarray | None,
     return total
 
 
-def _held_by_region(problem: Problem, saved: np.ndarray
+def _held_by_region(problem: Problem, saved: np.ndarray, held: np.ndarray | None = None,
+                    forward_held: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per region, the bytes the ``saved`` values hold to the end of its backward (by
     the region releasing them), those they hold from its forward on (by their own), and
-    those they hold at its forward stage (exact Python integers)."""
-    return (_by_region(problem, saved, problem.held, problem.release_region),
-            _by_region(problem, saved, problem.held),
-            _by_region(problem, saved, problem.forward_held))
+    those they hold at its forward stage (exact Python integers); each value counts its
+    ``held`` and ``forward_held`` bytes (by default, the problem's)."""
+    held = problem.held if held is None else held
+    forward_held = problem.forward_held if forward_held is None else forward_held
+    return (_by_region(problem, saved, held, problem.release_region),
+            _by_region(problem, saved, held),
+            _by_region(problem, saved, forward_held))
 
 
 def _stages(problem: Problem, base: np.ndarray, forward_base: np.ndarray,

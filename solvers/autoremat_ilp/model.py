@@ -313,8 +313,8 @@ def build_model(problem: Problem, budget: float | None) -> Model:
             continue
         _held(rows, held, x, problem, problem.held, unit, region)
         if unshared is not None:
-            for bound, (mask, _) in zip(unshared, reserved, strict=True):
-                _held(rows, bound, x, problem, problem.held * mask, unit, region)
+            for held_k, bound in zip(unshared, reserved, strict=True):
+                _held(rows, held_k, x, problem, bound.held, unit, region)
     backward, forward = windows(problem)
     released, released_unshared = x.backward_held()
 
@@ -330,13 +330,12 @@ def build_model(problem: Problem, budget: float | None) -> Model:
         # ``released``.
         assert problem.reserved_base is not None and problem.reserved_forward_base is not None
         assert released_unshared is not None
-        for held, back, (mask, room) in zip(x.held_unshared, released_unshared, reserved,
-                                            strict=True):
-            stage(base=problem.reserved_base - room, window=backward, held=back, own=None,
-                  transient=problem.transient, offloaded=problem.offload_backward)
-            stage(base=problem.reserved_forward_base - room, window=forward, held=held,
-                  own=problem.forward_held * mask, transient=None,
-                  offloaded=problem.offload_forward)
+        for held, back, bound in zip(x.held_unshared, released_unshared, reserved,
+                                     strict=True):
+            stage(base=problem.reserved_base - bound.room, window=backward, held=back,
+                  own=None, transient=problem.transient, offloaded=problem.offload_backward)
+            stage(base=problem.reserved_forward_base - bound.room, window=forward, held=held,
+                  own=bound.forward_held, transient=None, offloaded=problem.offload_forward)
     if x.offload is not None and math.isfinite(problem.host_budget):
         _host_memory(rows, x, problem, unit)
     milp = Milp(_objective(x, problem, layout.n, budget), rows.matrix(layout.n),

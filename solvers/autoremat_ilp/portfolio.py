@@ -1,13 +1,17 @@
 """Solving a :class:`~autoremat_ilp.problem.Problem`: MILP backends tried in turn within
-the time limit, the plan read back, pruned and evaluated exactly."""
+the time limit, the lazy stage bounds added as plans break them, the plan read back,
+pruned and evaluated exactly."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 
-from autoremat_ilp.memory import evaluate, prune
+import numpy as np
+
+from autoremat_ilp.memory import evaluate, prune, reserved_peaks
 from autoremat_ilp.milp import MilpResult, Progress, solve_milp
 from autoremat_ilp.model import Model, build_model, cost_unit
 from autoremat_ilp.problem import Problem, Solution
@@ -70,10 +74,43 @@ def solve_min_peak(problem: Problem, *, time_limit_s: float | None = None,
       A :class:`~autoremat_ilp.problem.Solution` whose ``peak`` is the least peak (proven
       when its status is ``OPTIMAL``; ``bound`` is a lower bound on it, in bytes).
     """
-    model = build_model(problem, None)
-    return _solution(problem, model, solve_milp(model.milp, backend=backend,
-                                                time_limit_s=time_limit_s,
+    start = time.perf_counter()
+
+    def on(sub: Problem) -> Solution:
+        model = build_model(sub, None)
+        return _solution(sub, model, solve_milp(model.milp, backend=backend,
+                                                time_limit_s=_left(time_limit_s, start),
                                                 node_limit=node_limit))
+
+    return _lazily(problem, on, None)
+
+
+def _left(time_limit_s: float | None, start: float) -> float | None:
+    """What is left of ``time_limit_s`` since ``start`` (``None``: no limit)."""
+    return None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - start))
+
+
+def _lazily(problem: Problem, solve_on: Callable[[Problem], Solution], budget: int | None
+            ) -> Solution:
+    """``solve_on`` the problem without its lazy bounds (:meth:`Problem.lazy_bounds`),
+    then again with those its plan breaks (over ``budget``, or without one over the
+    plan's peak), until it breaks none: a plan of the whole problem, evaluated on it,
+    from MILPs with the few bounds that bind."""
+    start, timed_out = time.perf_counter(), False
+    active = ~problem.lazy_bounds()
+    while True:
+        res = solve_on(problem.with_bounds(active))
+        timed_out |= res.timed_out
+        done = dataclasses.replace(res, wall_s=time.perf_counter() - start, timed_out=timed_out)
+        if res.save is None or res.recompute is None or active.all():
+            return done
+        limit = res.peak if budget is None else budget
+        broken = ~active & (np.array(reserved_peaks(problem, res.save, res.recompute,
+                                                    res.offload)) > limit)
+        if not broken.any():
+            cost, peak = evaluate(problem, res.save, res.recompute, res.offload)
+            return dataclasses.replace(done, cost=cost, peak=peak)
+        active = active | broken
 
 
 def _running_best(progress: Progress, start: float, unit: float) -> Progress:
@@ -129,17 +166,22 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
 def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
                          node_limit: int | None, relative_gap: float, backend: str,
                          progress: Progress | None) -> Solution:
-    margin = 0
-    for _ in range(4):
-        model = build_model(problem, budget - margin)
-        res = _solution(problem, model, solve_milp(
-            model.milp, backend=backend, time_limit_s=time_limit_s, node_limit=node_limit,
-            relative_gap=relative_gap, progress=progress))
-        # The solver's feasibility tolerance is relative; the exact peak decides.
-        if res.save is None or res.peak <= budget:
-            return res
-        margin += res.peak - budget
-    raise RuntimeError("solver kept returning plans over the budget")
+    start = time.perf_counter()
+
+    def on(sub: Problem) -> Solution:
+        margin = 0
+        for _ in range(4):
+            model = build_model(sub, budget - margin)
+            res = _solution(sub, model, solve_milp(
+                model.milp, backend=backend, time_limit_s=_left(time_limit_s, start),
+                node_limit=node_limit, relative_gap=relative_gap, progress=progress))
+            # The solver's feasibility tolerance is relative; the exact peak decides.
+            if res.save is None or res.peak <= budget:
+                return res
+            margin += res.peak - budget
+        raise RuntimeError("solver kept returning plans over the budget")
+
+    return _lazily(problem, on, budget)
 
 
 def _solution(problem: Problem, model: Model, result: MilpResult) -> Solution:

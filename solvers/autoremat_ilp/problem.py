@@ -11,12 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from autoremat_ilp.status import Status
 
-__all__ = ["Problem", "Solution"]
+__all__ = ["Problem", "ReservedBound", "Solution"]
+
+
+class ReservedBound(NamedTuple):
+    """One further stage bound: the bytes each saved value counts in it (``held``, and
+    at its own region's forward stage ``forward_held``; 0 for the values it leaves out)
+    and the reserved bytes taken off it at each region's stages (``room``)."""
+
+    held: np.ndarray
+    forward_held: np.ndarray
+    room: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -43,13 +54,17 @@ class Problem:
       offload_backward: bytes an offloaded value adds to its region's backward stage.
       host_budget: most bytes offloaded values may occupy in host memory (an offloaded
         value takes ``held[v]`` there).
-      reserved_base, reserved_forward_base, unshared, reserved_room: the further bounds on
-        each stage (reserved buffers, :func:`autoremat_ilp.memory.stage_bytes`): its bytes
-        whatever the plan, with the reserved buffers, at each backward and forward stage;
-        ``unshared``, a mask over the values, or one per bound (``(K, V)``), of those
-        counted; ``reserved_room``, per bound, the reserved bytes those values may share,
-        taken off the bound: one figure (``(K,)``) or one per region's stages (``(K, R)``)
-        (``None``: none). ``None`` (the default): no further bound.
+      reserved_base, reserved_forward_base, unshared, reserved_room, reserved_cap: the
+        further bounds on each stage (reserved buffers,
+        :func:`autoremat_ilp.memory.stage_bytes`): its bytes whatever the plan, with the
+        reserved buffers, at each backward and forward stage; ``unshared``, a mask over
+        the values, or one per bound (``(K, V)``), of those counted; ``reserved_room``,
+        per bound, the reserved bytes those values may share, taken off the bound: one
+        figure (``(K,)``) or one per region's stages (``(K, R)``) (``None``: none);
+        ``reserved_cap``, per bound, the most bytes one value counts in it (``(K,)``;
+        ``None``: no cap): a reserved buffer holds one value at a time, so with a cap
+        ``t`` each buffer's room is at most ``t`` and each value's bytes beyond ``t``
+        may be left out. ``None`` (the default): no further bound.
       nest: per region, the nested group it belongs to (``-1``: none); ``None`` (the
         default): no nesting.
       released: per value, the region at whose backward stage a saved value is freed, at
@@ -109,6 +124,7 @@ class Problem:
     reserved_forward_base: np.ndarray | None = None
     unshared: np.ndarray | None = None
     reserved_room: np.ndarray | None = None
+    reserved_cap: np.ndarray | None = None
     nest: np.ndarray | None = None
     released: np.ndarray | None = None
 
@@ -118,17 +134,42 @@ class Problem:
         (``released``, or its own region)."""
         return self.region if self.released is None else self.released
 
-    def reserved_bounds(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Each further stage bound's mask of the values it counts and the reserved bytes
-        they may share at each region's stages (see ``unshared``, ``reserved_room``);
-        empty without reserved buffers."""
+    def reserved_bounds(self) -> list[ReservedBound]:
+        """The further stage bounds (see ``unshared``, ``reserved_room``,
+        ``reserved_cap``); empty without reserved buffers."""
         if self.unshared is None:
             return []
         masks = np.atleast_2d(self.unshared).astype(bool)
-        room = np.zeros(len(masks), np.int64) if self.reserved_room is None \
+        K = len(masks)
+        room = np.zeros(K, np.int64) if self.reserved_room is None \
             else np.asarray(self.reserved_room, np.int64)
-        room = np.broadcast_to(room.reshape(len(masks), -1), (len(masks), self.num_regions))
-        return [(m, r) for m, r in zip(masks, room, strict=True)]
+        room = np.broadcast_to(room.reshape(K, -1), (K, self.num_regions))
+        caps = np.full(K, np.iinfo(np.int64).max) if self.reserved_cap is None \
+            else np.asarray(self.reserved_cap, np.int64)
+        return [ReservedBound(np.where(m, np.minimum(self.held, c), 0),
+                              np.where(m, np.minimum(self.forward_held, c), 0), r)
+                for m, r, c in zip(masks, room, caps, strict=True)]
+
+    def lazy_bounds(self) -> np.ndarray:
+        """Which further stage bounds have a cap (``reserved_cap``): the solves leave
+        them out until a plan breaks one (:mod:`autoremat_ilp.portfolio`)."""
+        caps = self.reserved_cap
+        if self.unshared is None or caps is None:
+            return np.zeros(len(self.reserved_bounds()), dtype=bool)
+        return np.asarray(caps) < np.iinfo(np.int64).max
+
+    def with_bounds(self, keep: np.ndarray) -> Problem:
+        """The problem with only the further stage bounds of the mask ``keep``."""
+        if self.unshared is None:
+            return self
+        K = len(keep)
+
+        def kept(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else np.asarray(a).reshape(K, -1)[keep]
+
+        return dataclasses.replace(self, unshared=np.atleast_2d(self.unshared)[keep],
+                                   reserved_room=kept(self.reserved_room),
+                                   reserved_cap=kept(self.reserved_cap))
 
     @property
     def num_values(self) -> int:

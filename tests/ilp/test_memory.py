@@ -33,6 +33,32 @@ def test_saved_values_pack_into_the_room_of_the_reserved_buffers_they_fit_in():
         assert solution.peak <= budget
 
 
+def test_a_reserved_buffer_holds_one_saved_value_at_a_time():
+    # Two 10-byte values, one 20-byte reserved buffer: room for both only if two values
+    # could share it; capped at 10 bytes, the buffer holds 10 of them.
+    cap = dataclasses.replace(two_regions(np.array([[True, True], [True, True]])),
+                              held=np.array([10, 10]), transient=np.array([10, 10]),
+                              base=np.array([0, 0]),
+                              reserved_base=np.array([20, 20]),
+                              reserved_room=np.array([20, 10]),
+                              reserved_cap=np.array([np.iinfo(np.int64).max, 10]))
+    save = np.array([True, True])
+    assert ilp.stage_bytes(cap, save, ~save).tolist()[:2] == [20, 30]
+    uncapped = dataclasses.replace(cap, unshared=cap.unshared[:1], reserved_room=np.array([20]),
+                                   reserved_cap=None)
+    assert ilp.stage_bytes(uncapped, save, ~save).tolist()[:2] == [10, 20]
+    # The capped bound is lazy (left out of the MILP until a plan breaks it): saving both
+    # fits the uncapped bounds at 20 bytes.
+    assert cap.lazy_bounds().tolist() == [False, True]
+    solution = ilp.solve(cap, 25)
+    assert solution.save is not None and solution.recompute is not None
+    assert solution.save.sum() == 1
+    assert solution.peak == ilp.evaluate(cap, solution.save, solution.recompute)[1] <= 25
+    lowest = ilp.solve_min_peak(cap)
+    assert lowest.save is not None and lowest.recompute is not None
+    assert lowest.peak == ilp.evaluate(cap, lowest.save, lowest.recompute)[1] == 20
+
+
 def test_stages_are_backward_then_forward_and_count_saved_values_until_their_backward():
     problem = chain()
     save = np.array([False, True, False, True])
