@@ -26,8 +26,12 @@ os.environ.pop("AUTOREMAT_MEASURE_CACHE", None)
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            f" --xla_dump_to={_DUMP} --xla_dump_hlo_module_re=.*loss.*")
 
+import autoremat_ilp as ilp  # noqa: E402
+import numpy as np  # noqa: E402
+
 import autoremat  # noqa: E402
-from autoremat import _cli, zoo  # noqa: E402
+from autoremat import _cli, _solve, zoo  # noqa: E402
+from autoremat._budget import format_bytes  # noqa: E402
 
 CORPUS = _cli._load_corpus(pathlib.Path(__file__).parent / "corpus")
 
@@ -67,6 +71,45 @@ def peak_buffers(top: int) -> list[str]:
     return lines
 
 
+def output_sharing() -> str:
+    """A line on the temporaries the compiler put in the outputs' buffers: how many
+    buffers hold any, and how many at an offset other than the start (the memory model
+    takes one value at a time per buffer, at its start)."""
+    assignment = _one("*after_optimizations-buffer-assignment.txt")
+    outputs = [a for a in re.split(r"\n(?=allocation \d+:)", assignment)
+               if "maybe-live-out" in a.split("\n")[0]]
+    hosting = offset = 0
+    for a in outputs:
+        values = set(re.findall(r"value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\)", a))
+        hosting += len(values) > 1
+        offset += sum(o != "0" for _, _, o in values)
+    return (f"output buffers {len(outputs)}: {hosting} also hold temporaries, "
+            f"{offset} values at an offset other than 0")
+
+
+def model_peak(plan: autoremat.Plan) -> str:
+    """A line on the memory model's peak stage: the region, backward or forward, and the
+    bound that sets it (the plain one, or a gradient-buffer bound and its cap)."""
+    problem = _solve.problem_of(plan.graph)
+    ids = plan.graph.array("id")
+    save, recompute = np.isin(ids, list(plan.saved)), np.isin(ids, list(plan.recomputed))
+    stages = ilp.stage_bytes(problem, save, recompute)
+    R = problem.num_regions
+    k = int(np.argmax(stages))
+    peaks = ilp.reserved_peaks(problem, save, recompute)
+    caps = problem.reserved_cap if problem.reserved_cap is not None else [None] * len(peaks)
+    setting = [(b, c) for b, (p, c) in enumerate(zip(peaks, caps, strict=True))
+               if p == stages[k]]
+    bound = "the plain bound"
+    if setting:
+        b, cap = setting[0]
+        capped = cap is not None and cap < np.iinfo(np.int64).max
+        limit = f"each value and buffer capped at {format_bytes(int(cap or 0))}"
+        bound = f"gradient-buffer bound {b}, " + (limit if capped else "no cap")
+    return (f"model peak {format_bytes(int(stages[k]))} at region {k % R} of {R}, "
+            f"{'backward' if k < R else 'forward'}: {bound}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, choices=sorted({*CORPUS, *zoo.ZOO}))
@@ -80,11 +123,13 @@ def main() -> None:
     if args.budget != "none":
         plan = autoremat.plan(loss, *shapes, budget=args.budget)
         print(plan.report(max_rows=args.top))
+        print(model_peak(plan))
         step = plan.apply(loss)
     real = autoremat.measure_step(step, *shapes, target=args.target)
     print(f"compiler peak {real.peak_bytes / 2**20:.1f} MiB: arguments "
           f"{real.argument_bytes / 2**20:.1f}, outputs {real.output_bytes / 2**20:.1f}, "
           f"temporaries {real.temp_bytes / 2**20:.1f}")
+    print(output_sharing())
     print("\n".join(peak_buffers(args.top)))
 
 
