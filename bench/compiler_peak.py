@@ -28,6 +28,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
 
 import autoremat_ilp as ilp  # noqa: E402
 import numpy as np  # noqa: E402
+from autoremat_ilp.memory import reserved_peaks  # noqa: E402
 
 import autoremat  # noqa: E402
 from autoremat import _cli, _solve, zoo  # noqa: E402
@@ -96,7 +97,7 @@ def model_peak(plan: autoremat.Plan) -> str:
     stages = ilp.stage_bytes(problem, save, recompute)
     R = problem.num_regions
     k = int(np.argmax(stages))
-    peaks = ilp.reserved_peaks(problem, save, recompute)
+    peaks = reserved_peaks(problem, save, recompute)
     caps = problem.reserved_cap if problem.reserved_cap is not None else [None] * len(peaks)
     setting = [(b, c) for b, (p, c) in enumerate(zip(peaks, caps, strict=True))
                if p == stages[k]]

@@ -11,7 +11,6 @@ each value under a peak-memory budget (see ``README.md`` beside this file).
 from autoremat_ilp.memory import evaluate as evaluate
 from autoremat_ilp.memory import host_bytes as host_bytes
 from autoremat_ilp.memory import prune as prune
-from autoremat_ilp.memory import reserved_peaks as reserved_peaks
 from autoremat_ilp.memory import stage_bytes as stage_bytes
 from autoremat_ilp.memory import violations as violations
 from autoremat_ilp.milp import Milp as Milp
@@ -23,7 +22,6 @@ from autoremat_ilp.model import build_model as build_model
 from autoremat_ilp.portfolio import solve as solve
 from autoremat_ilp.portfolio import solve_min_peak as solve_min_peak
 from autoremat_ilp.problem import Problem as Problem
-from autoremat_ilp.problem import ReservedBound as ReservedBound
 from autoremat_ilp.problem import Solution as Solution
 from autoremat_ilp.status import Status as Status
 
@@ -32,7 +30,6 @@ __all__ = [
     "MilpResult",
     "Model",
     "Problem",
-    "ReservedBound",
     "Progress",
     "Solution",
     "Status",
@@ -40,7 +37,6 @@ __all__ = [
     "evaluate",
     "host_bytes",
     "prune",
-    "reserved_peaks",
     "solve",
     "solve_milp",
     "solve_min_peak",
