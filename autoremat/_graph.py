@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from autoremat_ilp.problem import NO_CAP
 
 from autoremat._layout import Layout
 from autoremat._placement import Placement
@@ -204,7 +205,6 @@ class Graph:
         sizes = sorted(set(self.grad_buffers), reverse=True)
         buffers, written = np.array(self.grad_buffers), np.array(self.grad_written)
         regions = np.arange(len(self.regions))
-        none = np.iinfo(np.int64).max
         masks, caps, room = [], [], []
         for s in sizes:
             mask = held > s
@@ -212,7 +212,7 @@ class Graph:
                 continue
             fits = buffers > s
             largest = buffers[fits].max(initial=0)
-            for t in (none, *sorted(set(held[mask & (held < largest)].tolist()))):
+            for t in (NO_CAP, *sorted(set(held[mask & (held < largest)].tolist()))):
                 masks.append(mask)
                 caps.append(t)
                 room.append([int(np.minimum(buffers[fits & (written <= i)], t).sum())

@@ -29,6 +29,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
 import autoremat_ilp as ilp  # noqa: E402
 import numpy as np  # noqa: E402
 from autoremat_ilp.memory import reserved_peaks  # noqa: E402
+from autoremat_ilp.problem import NO_CAP  # noqa: E402
 
 import autoremat  # noqa: E402
 from autoremat import _cli, _solve, zoo  # noqa: E402
@@ -104,7 +105,7 @@ def model_peak(plan: autoremat.Plan) -> str:
     bound = "the plain bound"
     if setting:
         b, cap = setting[0]
-        capped = cap is not None and cap < np.iinfo(np.int64).max
+        capped = cap is not None and cap < NO_CAP
         limit = f"each value and buffer capped at {format_bytes(int(cap or 0))}"
         bound = f"gradient-buffer bound {b}, " + (limit if capped else "no cap")
     return (f"model peak {format_bytes(int(stages[k]))} at region {k % R} of {R}, "

@@ -105,11 +105,10 @@ def _lazily(problem: Problem, solve_on: Callable[[Problem], Solution], budget: i
         if res.save is None or res.recompute is None or active.all():
             return done
         limit = res.peak if budget is None else budget
-        broken = ~active & (np.array(reserved_peaks(problem, res.save, res.recompute,
-                                                    res.offload)) > limit)
-        if not broken.any():
-            cost, peak = evaluate(problem, res.save, res.recompute, res.offload)
-            return dataclasses.replace(done, cost=cost, peak=peak)
+        peaks = reserved_peaks(problem, res.save, res.recompute, res.offload)
+        broken = ~active & (np.array(peaks) > limit)
+        if not broken.any():  # the active bounds are in ``res.peak`` already
+            return dataclasses.replace(done, peak=max(res.peak, *peaks))
         active = active | broken
 
 

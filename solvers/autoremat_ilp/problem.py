@@ -17,7 +17,10 @@ import numpy as np
 
 from autoremat_ilp.status import Status
 
-__all__ = ["Problem", "ReservedBound", "Solution"]
+__all__ = ["NO_CAP", "Problem", "ReservedBound", "Solution"]
+
+# The ``reserved_cap`` of a bound whose values and buffers count in full.
+NO_CAP = int(np.iinfo(np.int64).max)
 
 
 class ReservedBound(NamedTuple):
@@ -144,7 +147,7 @@ class Problem:
         room = np.zeros(K, np.int64) if self.reserved_room is None \
             else np.asarray(self.reserved_room, np.int64)
         room = np.broadcast_to(room.reshape(K, -1), (K, self.num_regions))
-        caps = np.full(K, np.iinfo(np.int64).max) if self.reserved_cap is None \
+        caps = np.full(K, NO_CAP) if self.reserved_cap is None \
             else np.asarray(self.reserved_cap, np.int64)
         return [ReservedBound(np.where(m, np.minimum(self.held, c), 0),
                               np.where(m, np.minimum(self.forward_held, c), 0), r)
@@ -153,10 +156,11 @@ class Problem:
     def lazy_bounds(self) -> np.ndarray:
         """Which further stage bounds have a cap (``reserved_cap``): the solves leave
         them out until a plan breaks one (:mod:`autoremat_ilp.portfolio`)."""
-        caps = self.reserved_cap
-        if self.unshared is None or caps is None:
-            return np.zeros(len(self.reserved_bounds()), dtype=bool)
-        return np.asarray(caps) < np.iinfo(np.int64).max
+        if self.unshared is None:
+            return np.zeros(0, dtype=bool)
+        if self.reserved_cap is None:
+            return np.zeros(len(np.atleast_2d(self.unshared)), dtype=bool)
+        return np.asarray(self.reserved_cap) < NO_CAP
 
     def with_bounds(self, keep: np.ndarray) -> Problem:
         """The problem with only the further stage bounds of the mask ``keep``."""

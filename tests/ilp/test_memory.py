@@ -4,6 +4,7 @@ import dataclasses
 
 import autoremat_ilp as ilp
 import numpy as np
+from autoremat_ilp.problem import NO_CAP
 
 from tests.ilp.examples import chain, released, three_way, two_regions
 
@@ -41,7 +42,7 @@ def test_a_reserved_buffer_holds_one_saved_value_at_a_time():
                               base=np.array([0, 0]),
                               reserved_base=np.array([20, 20]),
                               reserved_room=np.array([20, 10]),
-                              reserved_cap=np.array([np.iinfo(np.int64).max, 10]))
+                              reserved_cap=np.array([NO_CAP, 10]))
     save = np.array([True, True])
     assert ilp.stage_bytes(cap, save, ~save).tolist()[:2] == [20, 30]
     uncapped = dataclasses.replace(cap, unshared=cap.unshared[:1], reserved_room=np.array([20]),
