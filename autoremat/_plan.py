@@ -56,6 +56,10 @@ class Plan:
       no_remat: the plan recomputes nothing and runs the function as written: :meth:`apply`
         adds no checkpoint (whose barriers cost the compiler's fusion), ``saved_bytes`` are
         the residuals JAX keeps for the function itself and ``recompute_flops`` is 0.
+        Without ``verify`` it also stands for a plan near no remat that the model puts
+        within its error of the function as written, so its ``peak_bytes`` may then exceed
+        ``budget_bytes`` (by less than 10% of the activation memory; the report says how
+        far): see :func:`autoremat._planner._search.as_written_near_no_remat`.
 
     Example:
       >>> import jax, jax.numpy as jnp, autoremat

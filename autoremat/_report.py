@@ -98,11 +98,19 @@ def _format(t: _Totals, decisions: Sequence[Decision], max_rows: int) -> str:
         + f", {t.solve_seconds:.2f} s, {t.num_values} values in {t.num_regions} regions",
         *(["no remat          the function runs as written: no checkpoint, nothing "
            "recomputed"] if t.no_remat else t.placement.describe()),
+        *([f"                  (modelled {_over(t)} over the budget: within the model's "
+           "error on the function as written, where plans this near no remat compile "
+           "higher)"] if t.no_remat and t.peak_bytes > t.budget_bytes else []),
         *([f"layout            {t.layout} (bytes of the tiled TPU layout)"]
           if t.layout == "tpu" else []),
         "",
     ]
     return "\n".join(lines + _decision_table(decisions, max_rows))
+
+
+def _over(t: _Totals) -> str:
+    """How far the predicted peak is over the budget, as a percentage."""
+    return f"{100 * (t.peak_bytes / t.budget_bytes - 1):.1f}%"
 
 
 def _decision_table(decisions: Sequence[Decision], max_rows: int) -> list[str]:

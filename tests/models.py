@@ -11,6 +11,7 @@ from jax._src import ad_checkpoint
 from jax._src import core as jax_core
 from jax._src.lax import lax as lax_internal
 
+from autoremat._planner._search import MODEL_ERROR
 from autoremat.zoo import gpt2
 
 
@@ -30,6 +31,15 @@ def saved_residuals(fn: Any, *args: Any) -> list[tuple[Any, str]]:
     literals = [v for v in outs if isinstance(v, jax_core.Literal)]
     jaxpr = jaxpr.replace(outvars=[*literals, *unique.values()])
     return ad_checkpoint._saved_residuals(jaxpr, ("argument",) * len(jaxpr.invars))
+
+
+def fits_under_the_model(plan: Any) -> bool:
+    """Whether the plan's modelled peak is within its budget, or the plan is the function as
+    written standing for a plan near no remat, its activation memory over the budget's by
+    less than the model's error (``autoremat._planner._search.as_written_near_no_remat``)."""
+    fixed = plan.graph.fixed_bytes
+    return plan.peak_bytes <= plan.budget_bytes or plan.no_remat and (
+        (1 - MODEL_ERROR) * (plan.peak_bytes - fixed) <= plan.budget_bytes - fixed)
 
 
 def mlp() -> tuple[Any, tuple]:

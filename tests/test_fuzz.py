@@ -46,7 +46,7 @@ from hypothesis import strategies as st
 
 import autoremat
 from autoremat import _solve
-from tests.models import saved_residuals
+from tests.models import fits_under_the_model, saved_residuals
 
 WIDTH, ROWS, STACK = 8, 4, 3
 UNARY = {"tanh": jnp.tanh, "sin": jnp.sin, "relu": jax.nn.relu, "square": jnp.square,
@@ -296,7 +296,7 @@ def check_program(program: Program, fraction: float) -> None:
     # No residuals JAX keeps that autoremat cannot count, no primitive without a cost.
     assert [str(w.message) for w in record if "autoremat" in str(w.message)
             or "JAX keeps" in str(w.message)] == []
-    assert plan.peak_bytes <= budget
+    assert plan.budget_bytes == budget and fits_under_the_model(plan)
     assert plan == autoremat.plan(loss, *args, budget=budget)
 
     problem = _solve.problem_of(plan.graph)

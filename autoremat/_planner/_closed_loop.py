@@ -13,26 +13,16 @@ from autoremat._budget import FLOOR, Budget, format_bytes
 from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError
 from autoremat._placement import Placement
 from autoremat._plan import Plan
-from autoremat._planner._search import Margins
+from autoremat._planner._search import Margins, near_no_remat
 
 # Lowered a little past the measured excess, so the next plan does not land on the edge.
 MARGIN_BYTES = 2**20
-
-# A plan recomputing at most this part of the step's FLOPs saves all but cheap values,
-# which the compiler fuses in the function as written: with ``verify`` the function as
-# written is compiled too (the model puts it far higher: it counts every saved value).
-NEAR_NO_REMAT = 0.01
 
 # A plan that fits with more than this part of the budget unused, where the model put
 # every cheaper plan above the budget, shows the model too high on this program (on CNNs
 # it puts the function as written at 2.4x the compiler's peak): the function as written is
 # compiled too.
 ROOM_LEFT = 0.1
-
-# How far the model's peak may be from the compiler's (within 10% on the zoo's plans but
-# for some at the no-remat end; see bench/results/): with ``verify``, the floor plans of
-# the placements whose model floor is within it of the least are compiled.
-MODEL_ERROR = 0.1
 
 
 def decisions(p: Plan) -> tuple:
@@ -235,7 +225,7 @@ class ClosedLoop:
 
     def learn(self, plan: Plan, peak: int) -> None:
         """Counts the compile and records the compiler's error on the plan's placement."""
-        self.near_no_remat |= recompute_cost(plan) <= NEAR_NO_REMAT * max(1, plan.step_flops)
+        self.near_no_remat |= near_no_remat(plan)
         if self.best is None:
             self.tries += 1
         else:

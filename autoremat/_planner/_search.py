@@ -26,6 +26,14 @@ from autoremat._planner._candidates import (
 )
 from autoremat._planner._options import PlanOptions
 
+# A plan recomputing at most this part of the step's FLOPs saves all but cheap elementwise
+# values, which the compiler fuses into the backward pass of the function as written.
+NEAR_NO_REMAT = 0.01
+
+# How far the model's peak may be from the compiler's (within 10% on the zoo's plans but
+# for some at the no-remat end; see bench/results/).
+MODEL_ERROR = 0.1
+
 
 @dataclasses.dataclass(frozen=True)
 class Margins:
@@ -155,3 +163,35 @@ def _cheapest(outcomes: Sequence[_Outcome], budget_bytes: int, options: PlanOpti
     raise SolverTimeoutError(
         f"the solver found no plan within {options.time_limit_s} s for a budget of "
         f"{format_bytes(budget_bytes)}; raise time_limit_s or the budget.")
+
+
+def near_no_remat(plan: Plan) -> bool:
+    """Whether ``plan`` recomputes (and offloads) at most ``NEAR_NO_REMAT`` of the step."""
+    return plan.modeled_overhead <= NEAR_NO_REMAT
+
+
+def as_written_near_no_remat(plan: Plan, as_written: Callable[[], Plan]) -> Plan:
+    """``plan``, or the function as written (``as_written()``, for ``plan``'s budget) where
+    ``plan`` is :func:`near_no_remat` and the model puts its activation memory (its peak
+    less the arguments and gradients) less than ``MODEL_ERROR`` below the function as
+    written's.
+
+    Such a plan saves all that the compiler keeps for the function as written, and its
+    checkpoints stop the fusion the compiler does there, while its modelled saving is
+    within the model's error on the function as written (``bench/results/no-remat.md``).
+    Compiled for TPU v5e, such plans came out above no remat where the function as
+    written fits the budget (``bench/results/corpus-no-verify/``). So without ``verify``
+    the function as written is the safer plan, though the model's figure for it (its
+    ``peak_bytes``) may exceed the budget. With ``verify`` the closed loop compiles both
+    instead.
+    """
+    if plan.no_remat or not near_no_remat(plan):
+        return plan
+    fixed = plan.graph.fixed_bytes  # exact: the model's error is in the activations
+    if plan.peak_bytes - fixed < (1 - MODEL_ERROR) * (plan.no_remat_peak_bytes - fixed):
+        return plan
+    written = as_written()
+    if not written.no_remat:
+        return plan
+    return dataclasses.replace(written, budget_bytes=plan.budget_bytes,
+                               solve_seconds=plan.solve_seconds)

@@ -10,12 +10,11 @@ import autoremat
 from autoremat._placement import Placement
 from autoremat._planner._closed_loop import (
     MARGIN_BYTES,
-    NEAR_NO_REMAT,
     ROOM_LEFT,
     ClosedLoop,
     verified_floor,
 )
-from autoremat._planner._search import Margins
+from autoremat._planner._search import NEAR_NO_REMAT, Margins
 from tests.models import MODELS
 
 BUDGET = 100 * 2**20

@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 
 import autoremat
+from autoremat._planner import PlanOptions
+from autoremat._planner._candidates import SolverClock, candidates
+from autoremat._planner._search import MODEL_ERROR, NEAR_NO_REMAT, search
 from autoremat._report import format_report
-from tests.models import saved_residuals
+from autoremat._rewrite import flat_function
+from tests.models import MODELS, saved_residuals
 
 
 def _loss(w, x):
@@ -89,3 +93,56 @@ def test_a_policy_file_of_the_floor_as_written_loads_with_its_peak(tmp_path):
     floor.save(path)
     loaded = autoremat.load_plan(path, _loss, *_args())
     assert floor.no_remat and loaded.no_remat and loaded.peak_bytes == floor.peak_bytes
+
+
+@pytest.fixture(scope="module")
+def near_no_remat():
+    """transformer_block planned without verify at 95% of its modelled no-remat activation
+    memory: the plan the search finds there, and what ``plan`` returns."""
+    fn, args = MODELS["transformer_block"]()
+    top = autoremat.plan(fn, *args, budget=1.0, verify=None)
+    fixed = top.graph.fixed_bytes
+    budget = fixed + int(0.95 * (top.no_remat_peak_bytes - fixed))
+    options = PlanOptions(verify=None)
+    flat_fn, _, avals, _ = flat_function(fn, args, {})
+    found = candidates(flat_fn, avals, options)
+    searched = search(found, budget, options, SolverClock.of(options, len(found)))
+    return fn, args, budget, searched, autoremat.plan(fn, *args, budget=budget, verify=None)
+
+
+def test_near_no_remat_the_function_as_written_stands_for_the_checkpointed_plan(
+        near_no_remat):
+    fn, args, budget, searched, planned = near_no_remat
+    fixed = searched.graph.fixed_bytes
+    # The search's plan fits under the model, recomputes almost nothing, and the model
+    # puts it within its error of the function as written.
+    assert not searched.no_remat and searched.peak_bytes <= budget
+    assert 0 < searched.recompute_flops <= NEAR_NO_REMAT * searched.step_flops
+    assert searched.peak_bytes - fixed >= (1 - MODEL_ERROR) * (
+        searched.no_remat_peak_bytes - fixed)
+    # So the function as written is the plan: over the budget by less than that error.
+    assert planned.no_remat and planned.recompute_flops == 0
+    assert planned.budget_bytes == budget < planned.peak_bytes
+    assert (1 - MODEL_ERROR) * (planned.peak_bytes - fixed) <= budget - fixed
+    assert planned.peak_bytes == searched.no_remat_peak_bytes
+    step = lambda f: str(jax.make_jaxpr(jax.grad(f))(*args))
+    assert step(planned.apply(fn)) == step(fn)
+    assert "over the budget" in planned.report()
+
+
+def test_below_the_models_error_of_no_remat_the_plan_fits_the_budget(near_no_remat):
+    fn, args, _, searched, _ = near_no_remat
+    fixed = searched.graph.fixed_bytes
+    budget = fixed + int(0.8 * (searched.no_remat_peak_bytes - fixed))
+    planned = autoremat.plan(fn, *args, budget=budget, verify=None)
+    assert not planned.no_remat and planned.peak_bytes <= budget
+
+
+def test_a_policy_file_of_the_function_as_written_over_its_budget_loads(near_no_remat,
+                                                                         tmp_path):
+    fn, args, _, _, planned = near_no_remat
+    path = os.fspath(tmp_path / "near.json")
+    planned.save(path)
+    loaded = autoremat.load_plan(path, fn, *args)
+    assert loaded.no_remat and loaded.peak_bytes == planned.peak_bytes
+    assert loaded.budget_bytes == planned.budget_bytes
