@@ -180,7 +180,7 @@ def as_written_near_no_remat(plan: Plan, as_written: Callable[[], Plan]) -> Plan
     checkpoints stop the fusion the compiler does there, while its modelled saving is
     within the model's error on the function as written (``bench/results/no-remat.md``).
     Compiled for TPU v5e, such plans came out above no remat where the function as
-    written fits the budget (``bench/results/corpus-no-verify/``). So without ``verify``
+    written fits the budget (``bench/results/near-no-remat.md``). So without ``verify``
     the function as written is the safer plan, though the model's figure for it (its
     ``peak_bytes``) may exceed the budget. With ``verify`` the closed loop compiles both
     instead.
