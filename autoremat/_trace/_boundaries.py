@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import math
+import sysconfig
+from collections.abc import Callable
 
 import jax._src.source_info_util as source_info_util
 import numpy as np
@@ -47,11 +49,32 @@ def crossing_bytes(program: Program) -> np.ndarray:
 _Token = tuple[str, tuple[tuple[str, int], ...]]
 
 
-def _token(eqn: Eqn) -> _Token:
+def _token(eqn: Eqn, is_user: Callable[[str], bool]) -> _Token:
     """What an equation is, up to which call made it: its primitive and the user source
-    frames it was traced from (line numbers, not columns)."""
-    frames = source_info_util.user_frames(eqn.source_info.traceback)
-    return eqn.primitive.name, tuple((f.file_name, f.start_line) for f in frames)
+    frames it was traced from (line numbers, not columns), ``is_user`` telling which
+    files are the user's (:func:`_user_files`)."""
+    traceback = eqn.source_info.traceback
+    code, lasti = traceback.raw_frames() if traceback else ([], [])
+    frames = (source_info_util.raw_frame_to_frame(c, i) for c, i in zip(code, lasti, strict=True))
+    return eqn.primitive.name, tuple((f.file_name, f.start_line) for f in frames
+                                     if is_user(f.file_name))
+
+
+def _user_files() -> Callable[[str], bool]:
+    """Whether a file is the user's code as JAX guesses it
+    (``source_info_util.is_user_filename``: not JAX's, not the standard library's, not
+    excluded by a library such as Flax), the same with or without a virtual environment.
+
+    JAX takes the standard library's folder for library code, and a Python installed
+    without a virtual environment keeps its site-packages inside that folder: there JAX
+    would hide the source lines of every package (Flax's LayerNorm among them), and the
+    layers found, so the plans, would differ from those made in a virtual environment.
+    """
+    sites = tuple({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+    excluded = tuple(p for p in source_info_util._exclude_paths
+                     if not any(site.startswith(p) for site in sites))
+    return lambda name: source_info_util.is_user_filename(name) or (
+        name.startswith(sites) and not name.startswith(excluded))
 
 
 # Equations per token of :func:`layer_cuts` where single equations' source lines do not
@@ -78,7 +101,8 @@ def layer_cuts(program: Program) -> tuple[int, ...]:
     eqns = program.eqns
     in_scans = {j for i, s in scan_input_slices(program).items()
                 for j in range(i - len(s), i + 1)}
-    tokens = [None if e.scan_body is not None or i in in_scans else _token(e)
+    is_user = _user_files()
+    tokens = [None if e.scan_body is not None or i in in_scans else _token(e, is_user)
               for i, e in enumerate(eqns)]
     crossing = crossing_bytes(program)
     for window in (1, _WINDOW):

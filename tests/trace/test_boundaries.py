@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import collections
+import inspect
+import os
+import sysconfig
 
 import autoremat_ilp as ilp
 import equinox as eqx
@@ -11,12 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src import source_info_util
 
 import autoremat
 from autoremat import _rewrite, _solve, _trace
 from autoremat._placement import Placement
 from autoremat._planner import PlanOptions
 from autoremat._planner._candidates import candidates, obvious_plans
+from autoremat._trace import _boundaries
 from tests.models import saved_residuals
 
 
@@ -181,3 +186,21 @@ def test_the_last_layer_ends_where_its_code_does():
     regions = autoremat._program.split_regions(program, Placement(_trace.layer_cuts(program)))
     dots = [sum(e.primitive.name == "dot_general" for e in r.eqns) for r in regions]
     assert dots == [0, 8, 8, 1]  # the embeddings, two blocks, the head
+
+
+def test_package_source_lines_count_with_or_without_a_virtual_environment(monkeypatch):
+    """Without a virtual environment, site-packages lies inside the standard library's
+    folder, all of which JAX takes for library code: the layers found (so the plans)
+    would then differ from a virtual environment's, where Flax's LayerNorm lines count."""
+    stdlib = sysconfig.get_path("stdlib")
+    site = os.path.join(stdlib, "site-packages")
+    get_path = sysconfig.get_path
+    monkeypatch.setattr(sysconfig, "get_path", lambda name, *a, **k: (
+        site if name in ("purelib", "platlib") else get_path(name, *a, **k)))
+    is_user = _boundaries._user_files()
+    layer_norm = os.path.join(site, "flax", "linen", "normalization.py")
+    assert not source_info_util.is_user_filename(layer_norm)  # JAX alone hides it
+    assert is_user(layer_norm)
+    assert not is_user(os.path.join(stdlib, "functools.py"))
+    # JAX's own files, and those a library excludes (Flax's module machinery), stay out.
+    assert not is_user(jax.__file__) and not is_user(inspect.getfile(nn.Module))
