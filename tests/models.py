@@ -11,7 +11,7 @@ from jax._src import ad_checkpoint
 from jax._src import core as jax_core
 from jax._src.lax import lax as lax_internal
 
-from autoremat._planner._search import MODEL_ERROR
+from autoremat._planner._search import within_model_error
 from autoremat.zoo import gpt2
 
 
@@ -37,9 +37,8 @@ def fits_under_the_model(plan: Any) -> bool:
     """Whether the plan's modelled peak is within its budget, or the plan is the function as
     written standing for a plan near no remat, its activation memory over the budget's by
     less than the model's error (``autoremat._planner._search.as_written_near_no_remat``)."""
-    fixed = plan.graph.fixed_bytes
-    return plan.peak_bytes <= plan.budget_bytes or plan.no_remat and (
-        (1 - MODEL_ERROR) * (plan.peak_bytes - fixed) <= plan.budget_bytes - fixed)
+    return plan.peak_bytes <= plan.budget_bytes or plan.no_remat and within_model_error(
+        plan.budget_bytes, plan.peak_bytes, plan.graph.fixed_bytes)
 
 
 def mlp() -> tuple[Any, tuple]:

@@ -34,7 +34,7 @@ from autoremat._planner._candidates import (
 from autoremat._planner._closed_loop import ClosedLoop, verified_floor
 from autoremat._planner._floor import floor_plans
 from autoremat._planner._options import AUTO, NODE_LIMIT, PlanOptions
-from autoremat._planner._search import MODEL_ERROR, Margins, as_written_near_no_remat, search
+from autoremat._planner._search import MODEL_ERROR, Margins, search
 
 
 def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
@@ -179,11 +179,7 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
     found = candidates(flat_fn, avals, options)
     solve = _solver(found, options, traced_at)
     if options.verify is None:
-        planned = solve(budget, Margins())
-        if parse_budget(budget) == FLOOR:
-            return planned
-        return as_written_near_no_remat(
-            planned, lambda: as_written_plan(found, options, planned.no_remat_peak_bytes))
+        return solve(budget, Margins())
     target = options.verify
     bound = functools.partial(fn, **kwargs)
     argnums = _measure.float_argnums(args)

@@ -90,7 +90,8 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
     run again included, and offload, in the solver's units; then the lower peak, then the
     earlier placement) is returned. It is ``"optimal"`` only when every placement was
     solved to optimality or ruled out; otherwise its gap is to the least lower bound of
-    the placements the time limit stopped.
+    the placements the time limit stopped. Without ``verify``, a plan near no remat may
+    give way to the function as written (:func:`as_written_near_no_remat`).
 
     Raises:
       InfeasibleBudgetError: no placement has a plan within the budget.
@@ -110,7 +111,10 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
                                          lambda k=k: clock.limits(len(candidates) - k)))
         if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
             break
-    return _cheapest(outcomes, budget_bytes, options, clock)
+    plan = _cheapest(outcomes, budget_bytes, options, clock)
+    if options.verify is not None:
+        return plan
+    return as_written_near_no_remat(plan, next((p for p in nothing_plans if p.no_remat), None))
 
 
 def _solve_placement(graph: Graph, problem: ilp.Problem, nothing: Plan, budget_bytes: int,
@@ -170,11 +174,11 @@ def near_no_remat(plan: Plan) -> bool:
     return plan.modeled_overhead <= NEAR_NO_REMAT
 
 
-def as_written_near_no_remat(plan: Plan, as_written: Callable[[], Plan]) -> Plan:
-    """``plan``, or the function as written (``as_written()``, for ``plan``'s budget) where
-    ``plan`` is :func:`near_no_remat` and the model puts its activation memory (its peak
-    less the arguments and gradients) less than ``MODEL_ERROR`` below the function as
-    written's.
+def as_written_near_no_remat(plan: Plan, written: Plan | None) -> Plan:
+    """``plan``, or ``written``, the function as written for the same budget (``None``
+    where no placement runs it), where ``plan`` is :func:`near_no_remat` and the model puts
+    its activation memory (its peak less the arguments and gradients) less than
+    ``MODEL_ERROR`` below the function as written's.
 
     Such a plan saves all that the compiler keeps for the function as written, and its
     checkpoints stop the fusion the compiler does there, while its modelled saving is
@@ -185,13 +189,17 @@ def as_written_near_no_remat(plan: Plan, as_written: Callable[[], Plan]) -> Plan
     ``peak_bytes``) may exceed the budget. With ``verify`` the closed loop compiles both
     instead.
     """
-    if plan.no_remat or not near_no_remat(plan):
+    if written is None or plan.no_remat or not near_no_remat(plan):
         return plan
-    fixed = plan.graph.fixed_bytes  # exact: the model's error is in the activations
-    if plan.peak_bytes - fixed < (1 - MODEL_ERROR) * (plan.no_remat_peak_bytes - fixed):
+    if not within_model_error(plan.peak_bytes, plan.no_remat_peak_bytes,
+                              plan.graph.fixed_bytes):
         return plan
-    written = as_written()
-    if not written.no_remat:
-        return plan
-    return dataclasses.replace(written, budget_bytes=plan.budget_bytes,
-                               solve_seconds=plan.solve_seconds)
+    # Not solved for: feasible, as the closed loop's plan of the function as written is.
+    return dataclasses.replace(written, status="feasible", solve_seconds=plan.solve_seconds)
+
+
+def within_model_error(peak: int, reference: int, fixed: int) -> bool:
+    """Whether the activation memory of ``peak`` (less the arguments and gradients,
+    ``fixed``, which the model counts exactly) is at most ``MODEL_ERROR`` below that of
+    ``reference``."""
+    return peak - fixed >= (1 - MODEL_ERROR) * (reference - fixed)
