@@ -24,6 +24,7 @@ SCHEMA: dict[str, Any] = {
         "scan_pieces": {"type": "array", "items": {"type": "array", "items": _POSITIVE}},
         "scan_groups": {"type": "array", "items": _POSITIVE},
         "segment_group": _POSITIVE,
+        "written": {"type": "array", "items": _COUNT},
     },
     "additionalProperties": False,
 }
@@ -45,6 +46,11 @@ class Placement:
       segment_group: consecutive segments per nested group (1: none nested). Each group
         runs in one more checkpoint that keeps only its inputs, its forward run again when
         its backward starts.
+      written: regions (indices of :func:`autoremat._program.split_regions`) run as
+        written, in no checkpoint: JAX keeps what their backward reads and the compiler
+        fuses there as in the function without remat (a plan saves every value of theirs
+        the backward reads; :func:`autoremat._solve.fused_as_written` is what the
+        compiler holds of them). One remat per layer leaves the code around the layers so.
 
     Example:
       >>> from autoremat._placement import Placement
@@ -57,6 +63,7 @@ class Placement:
     scan_pieces: tuple[tuple[int, ...], ...] = ()
     scan_groups: tuple[int, ...] = ()
     segment_group: int = 1
+    written: tuple[int, ...] = ()
 
     @property
     def splits_scans(self) -> bool:
@@ -76,8 +83,12 @@ class Placement:
 
     def to_json(self) -> dict[str, Any]:
         """The placement as JSON data (see :data:`SCHEMA`)."""
-        return {"cuts": list(self.cuts), "scan_pieces": [list(p) for p in self.scan_pieces],
-                "scan_groups": list(self.scan_groups), "segment_group": self.segment_group}
+        doc: dict[str, Any] = {
+            "cuts": list(self.cuts), "scan_pieces": [list(p) for p in self.scan_pieces],
+            "scan_groups": list(self.scan_groups), "segment_group": self.segment_group}
+        if self.written:  # the placements made before the field read as before
+            doc["written"] = list(self.written)
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Placement:
@@ -86,7 +97,8 @@ class Placement:
         return cls(cuts=tuple(doc.get("cuts", ())),
                    scan_pieces=tuple(tuple(p) for p in doc.get("scan_pieces", ())),
                    scan_groups=tuple(doc.get("scan_groups", ())),
-                   segment_group=doc.get("segment_group", 1))
+                   segment_group=doc.get("segment_group", 1),
+                   written=tuple(doc.get("written", ())))
 
     def describe(self) -> list[str]:
         """The report's lines for what differs from one region per scan and per segment."""
@@ -101,4 +113,7 @@ class Placement:
         if self.segment_group > 1:
             lines.append(f"segments nested   in groups of {self.segment_group} (each group's "
                          "forward runs again in the backward)")
+        if self.written:
+            lines.append(f"as written        regions {', '.join(map(str, self.written))} "
+                         "(no checkpoint)")
         return lines

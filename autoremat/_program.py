@@ -98,6 +98,7 @@ class Segment:
     outputs: tuple[int, ...]  # ids produced here and read later or returned
     group: int = 1  # a scan's iterations per nested checkpoint (see nest_group)
     nest: int = -1  # the nested group of segments it belongs to (see split_regions)
+    written: bool = False  # run as written, in no checkpoint (see Placement.written)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -392,6 +393,7 @@ def split_regions(program: Program, placement: Placement = Placement()
     :func:`nest_group`). ``placement.segment_group``: each run of consecutive segments is
     nested in groups of that many (a last group of one is not nested; 1: none nested),
     each group's id (``Segment.nest``) the index of its first segment.
+    ``placement.written``: the regions run in no checkpoint (``Segment.written``).
     """
     groups: list[tuple[str, list[Eqn]]] = []
     cut_set = set(placement.cuts)
@@ -423,7 +425,8 @@ def split_regions(program: Program, placement: Placement = Placement()
                                if isinstance(a, int) and a not in produced_set)
         outputs = tuple(o for o in produced if o in used_after[g])
         group = next(nests, 1) if kind == "scan" else 1
-        regions.append(Segment(g, kind, tuple(eqns), tuple(inputs), outputs, group))
+        regions.append(Segment(g, kind, tuple(eqns), tuple(inputs), outputs, group,
+                               written=g in placement.written))
     size = placement.segment_group
     if size <= 1:
         return tuple(regions)
@@ -660,9 +663,10 @@ def _run_shard_map(eqn: Eqn, invals: list, consts: Mapping[int, Any],
 
 def has_input_barrier(region: Segment) -> bool:
     """Whether :func:`region_fn` passes the region's inputs through an optimization barrier:
-    a segment does, unless it holds a ``shard_map`` (behind a barrier, JAX keeps a
-    ``shard_map``'s input once more as its residual)."""
-    return region.kind == "segment" and all(e.shard_body is None for e in region.eqns)
+    a segment in a checkpoint does, unless it holds a ``shard_map`` (behind a barrier, JAX
+    keeps a ``shard_map``'s input once more as its residual)."""
+    return (region.kind == "segment" and not region.written
+            and all(e.shard_body is None for e in region.eqns))
 
 
 def region_fn(program: Program, region: Segment, named: frozenset[int],
@@ -673,8 +677,10 @@ def region_fn(program: Program, region: Segment, named: frozenset[int],
     optimization barrier (none where it holds a ``shard_map``); a scan gets the checkpoint
     on its body (one region per iteration), nested in one per group of iterations where
     ``region.group > 1``, and one around the loop where the region slices its inputs.
-    With ``policy=None`` nothing is wrapped.
+    With ``policy=None``, or for a region run as written (``region.written``), nothing is
+    wrapped.
     """
+    policy = None if region.written else policy
 
     def fn(*inputs: Any) -> list:
         env = dict(zip(region.inputs, inputs, strict=True))

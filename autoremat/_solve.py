@@ -218,14 +218,24 @@ def as_written(graph: Graph, problem: ilp.Problem) -> Decisions:
 
 def as_written_masks(graph: Graph, problem: ilp.Problem) -> tuple[np.ndarray, np.ndarray]:
     """``(save, recompute)``: what the compiler holds of the function written without a
-    checkpoint, as a plan. XLA recomputes the values of a segment's elementwise and
-    data-movement chains inside the backward fusions reading them, and keeps instead
-    the values the chains start from (the results of dots, reductions, calls;
+    checkpoint, as a plan (:func:`fused_as_written` of :func:`saving_all_masks` in every
+    region)."""
+    return fused_as_written(graph, problem, *saving_all_masks(problem),
+                            np.ones_like(problem.can_save))
+
+
+def fused_as_written(graph: Graph, problem: ilp.Problem, save: np.ndarray,
+                     recompute: np.ndarray, written: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """``(save, recompute)`` where the values ``written`` (a mask), saved, are code run
+    without a checkpoint: XLA recomputes the values of a segment's elementwise and
+    data-movement chains inside the backward fusions reading them, and keeps instead the
+    values the chains start from (the results of dots, reductions, calls;
     :func:`_fused_chains`): the former are recomputed, the latter saved. What another
     region reads is kept (the compiler did not fuse a U-Net's skips into its decoder)."""
-    save, recompute = saving_all_masks(problem)
+    save, recompute = save.copy(), recompute.copy()
     through, starts, chain = _fused_chains(graph, problem)
-    away = save & through & ~graph.array("needed_across", bool)
+    away = save & written & through & ~graph.array("needed_across", bool)
     for k in np.flatnonzero(away):
         save[list(starts[k])] = True
         recompute[list(chain[k])] = True
@@ -266,9 +276,13 @@ def _fused_chains(graph: Graph, problem: ilp.Problem
 def remat_all(graph: Graph, problem: ilp.Problem) -> Decisions:
     """The plan that saves only what it must (what other regions read, and what cannot be
     recomputed) and recomputes the rest: one ``jax.checkpoint(policy=nothing_saveable)``
-    per region, what a user writes by hand with the regions at the layers."""
-    save = problem.must_save | (problem.can_save & ~problem.can_recompute)
-    recompute = problem.can_recompute & ~save
+    per region, what a user writes by hand with the regions at the layers. The regions
+    the placement runs as written (:attr:`autoremat._placement.Placement.written`) save
+    what their backward reads (:func:`saving_all_masks`)."""
+    written = _written(graph, problem)
+    kept, forced = saving_all_masks(problem)
+    save = problem.must_save | (problem.can_save & ~problem.can_recompute) | (kept & written)
+    recompute = (problem.can_recompute & ~written & ~save) | (forced & written)
     u, v = problem.edges.T
     across = recompute[v] & (problem.region[u] != problem.region[v]) & problem.can_save[u]
     save[u[across]] = True  # a region's recompute reads another region's values saved
@@ -276,9 +290,27 @@ def remat_all(graph: Graph, problem: ilp.Problem) -> Decisions:
     return _fixed(graph, problem, save, recompute)
 
 
+def _written(graph: Graph, problem: ilp.Problem) -> np.ndarray:
+    """Whether each value is made in a region the placement runs as written."""
+    return np.isin(problem.region, list(graph.placement.written))
+
+
 def _fixed(graph: Graph, problem: ilp.Problem, save: np.ndarray, recompute: np.ndarray
            ) -> Decisions:
     """The decisions of a plan not solved for, with its figures."""
-    cost, peak = ilp.evaluate(problem, save, recompute)
+    cost, _ = ilp.evaluate(problem, save, recompute)
+    peak = fixed_peak(graph, problem, save, recompute)
     result = ilp.Solution(ilp.Status.OPTIMAL, save, recompute, cost, peak, cost, 0.0, 0.0)
     return decisions(graph, problem, result)
+
+
+def fixed_peak(graph: Graph, problem: ilp.Problem, save: np.ndarray, recompute: np.ndarray,
+               offload: np.ndarray | None = None) -> int:
+    """The modelled peak of a plan's masks: :func:`autoremat_ilp.evaluate`'s, or where the
+    placement runs regions as written, the lower of that and the peak of what the
+    compiler holds of them (:func:`fused_as_written`)."""
+    peak = ilp.evaluate(problem, save, recompute, offload)[1]
+    if not graph.placement.written:
+        return peak
+    fused = fused_as_written(graph, problem, save, recompute, _written(graph, problem))
+    return min(peak, ilp.evaluate(problem, *fused, offload)[1])

@@ -200,8 +200,13 @@ def _floor_contenders(found: Sequence[Candidate], options: PlanOptions) -> list[
     ``verify_rounds``, lowest first), then no remat and one remat per layer."""
     floors = floor_plans(found, options, SolverClock.of(options, len(found)),
                          MODEL_ERROR)
-    return [*floors[:options.verify_rounds],
-            *obvious_plans(found, options, floors[0].no_remat_peak_bytes)]
+    contenders = [*floors[:options.verify_rounds],
+                  *obvious_plans(found, options, floors[0].no_remat_peak_bytes)]
+    # A plan among both (one remat per layer, no remat) is compiled once.
+    unique: dict[tuple, Plan] = {}
+    for p in contenders:
+        unique.setdefault((p.placement, p.saved, p.recomputed, p.no_remat), p)
+    return list(unique.values())
 
 
 def _solver(found: Sequence[Candidate], options: PlanOptions, traced_at: float

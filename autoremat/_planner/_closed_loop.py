@@ -13,7 +13,8 @@ from autoremat._budget import FLOOR, Budget, format_bytes
 from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError
 from autoremat._placement import Placement
 from autoremat._plan import Plan
-from autoremat._planner._search import Margins, near_no_remat
+from autoremat._planner._candidates import near_no_remat
+from autoremat._planner._search import Margins
 
 # Lowered a little past the measured excess, so the next plan does not land on the edge.
 MARGIN_BYTES = 2**20

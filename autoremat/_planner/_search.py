@@ -20,15 +20,13 @@ from autoremat._planner._candidates import (
     SolveLimits,
     SolverClock,
     checked,
+    near_no_remat,
     no_remat_baselines,
     no_remat_plan,
+    per_layer_plan,
     plan_of,
 )
 from autoremat._planner._options import PlanOptions
-
-# A plan recomputing at most this part of the step's FLOPs saves all but cheap elementwise
-# values, which the compiler fuses into the backward pass of the function as written.
-NEAR_NO_REMAT = 0.01
 
 # How far the model's peak may be from the compiler's (within 10% on the zoo's plans but
 # for some at the no-remat end; see bench/results/).
@@ -111,10 +109,35 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
                                          lambda k=k: clock.limits(len(candidates) - k)))
         if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
             break
-    plan = _cheapest(outcomes, budget_bytes, options, clock)
+    try:
+        plan = _cheapest(outcomes, budget_bytes, options, clock)
+    except InfeasibleBudgetError as e:
+        plan = _per_layer_within(candidates, budget_bytes, no_remat_peak, margins, options, e)
     if options.verify is not None:
         return plan
     return as_written_near_no_remat(plan, next((p for p in nothing_plans if p.no_remat), None))
+
+
+def _per_layer_within(candidates: Sequence[Candidate], budget_bytes: int, no_remat_peak: int,
+                      margins: Margins, options: PlanOptions,
+                      infeasible: InfeasibleBudgetError) -> Plan:
+    """One remat per layer (:func:`autoremat._planner._candidates.per_layer_plan`) where
+    no solved plan fits but it does (the code it leaves as written is modelled as the
+    compiler fuses it, which no solved plan is), for ``budget_bytes``; a floor plan
+    where it recomputes more than ``NEAR_NO_REMAT``
+    (:func:`autoremat._planner._floor.floor_plans`).
+
+    Raises:
+      InfeasibleBudgetError: it does not fit either; the smallest feasible budget is the
+        lower of its peak and the solved plans' floor (``infeasible.floor_bytes``).
+    """
+    layered = per_layer_plan(candidates, options, no_remat_peak)
+    if near_no_remat(layered):  # not a floor (see floor_plans)
+        raise infeasible
+    needed = layered.peak_bytes + margins.of(layered.placement)
+    if needed > budget_bytes:
+        raise InfeasibleBudgetError(budget_bytes, min(needed, infeasible.floor_bytes))
+    return dataclasses.replace(layered, budget_bytes=budget_bytes)
 
 
 def _solve_placement(graph: Graph, problem: ilp.Problem, nothing: Plan, budget_bytes: int,
@@ -167,11 +190,6 @@ def _cheapest(outcomes: Sequence[_Outcome], budget_bytes: int, options: PlanOpti
     raise SolverTimeoutError(
         f"the solver found no plan within {options.time_limit_s} s for a budget of "
         f"{format_bytes(budget_bytes)}; raise time_limit_s or the budget.")
-
-
-def near_no_remat(plan: Plan) -> bool:
-    """Whether ``plan`` recomputes (and offloads) at most ``NEAR_NO_REMAT`` of the step."""
-    return plan.modeled_overhead <= NEAR_NO_REMAT
 
 
 def as_written_near_no_remat(plan: Plan, written: Plan | None) -> Plan:

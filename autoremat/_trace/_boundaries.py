@@ -22,7 +22,8 @@ from collections.abc import Callable
 import jax._src.source_info_util as source_info_util
 import numpy as np
 
-from autoremat._program import Eqn, Program, scan_input_slices
+from autoremat._placement import Placement
+from autoremat._program import Eqn, Program, scan_input_slices, split_regions
 
 
 def crossing_bytes(program: Program) -> np.ndarray:
@@ -85,7 +86,39 @@ _WINDOW = 4
 
 def layer_cuts(program: Program) -> tuple[int, ...]:
     """Equation indices at which the program's repeated layers start, and where the code
-    after the last one starts; ``()`` where nothing repeats.
+    after the last one starts; ``()`` where nothing repeats (:func:`_layers`)."""
+    found = _layers(program)
+    if found is None:
+        return ()
+    starts, end = found
+    return tuple(sorted({*starts, end} - {0, len(program.eqns)}))
+
+
+def layer_regions(program: Program) -> frozenset[int]:
+    """The regions of the placement at :func:`layer_cuts` that are layers (indices of
+    :func:`autoremat._program.split_regions`): those from the first layer's start to the
+    last one's end. A scanned model's layers are its scans: unless every layer found holds
+    a scan (a loop inside each layer), what repeats beside the loop is not layers (an
+    embedding's and a loss's lookups) and the scans are the layers; where nothing repeats,
+    the scans, or every region where there is none. One ``jax.checkpoint`` per layer is
+    what a user writes by hand, the code around the layers (embedding, head, loss) left
+    as written."""
+    regions = split_regions(program, Placement(layer_cuts(program)))
+    scans = frozenset(r.index for r in regions if r.kind == "scan")
+    found = _layers(program)
+    if found is None:
+        return scans or frozenset(r.index for r in regions)
+    (starts, end), eqns = found, program.eqns
+    bounds = zip(starts, [*starts[1:], end], strict=True)
+    if scans and not all(any(e.scan_body is not None for e in eqns[a:b]) for a, b in bounds):
+        return scans
+    position = {id(e): i for i, e in enumerate(eqns)}
+    return frozenset(r.index for r in regions if starts[0] <= position[id(r.eqns[0])] < end)
+
+
+def _layers(program: Program) -> tuple[list[int], int] | None:
+    """Where the program's repeated layers start, and where the last one ends; ``None``
+    where nothing repeats.
 
     A token is one equation (its primitive and source frames, :func:`_token`) or, where
     the layers found so differ in no source line, a run of ``_WINDOW`` of them. The
@@ -93,8 +126,8 @@ def layer_cuts(program: Program) -> tuple[int, ...]:
     most tokens share (on a tie, the larger) among those where the recurrences of one of
     the tokens begin layers that hold one recurrence of most of the others each (code run
     twice per layer, a normalization's two reductions, does not qualify). Each recurs once
-    per layer; the cuts are the recurrences of the one the fewest bytes cross
-    (:func:`crossing_bytes`), then the end of the last layer (:func:`_last_layer_end`).
+    per layer; the layers start at the recurrences of the one the fewest bytes cross
+    (:func:`crossing_bytes`), and the last ends as :func:`_last_layer_end` says.
     Scans, and the slices of their inputs made for them, are regions of their own, not
     tokens.
     """
@@ -118,8 +151,8 @@ def layer_cuts(program: Program) -> tuple[int, ...]:
                         key=lambda p: (int(crossing[p].sum()), p))
             end = _last_layer_end(tokens, phase,
                                   max(p[-1] for p in family.values()) + window)
-            return tuple(sorted({*phase, end} - {0, len(eqns)}))
-    return ()
+            return phase, end
+    return None
 
 
 def _last_layer_end(tokens: list[_Token | None], starts: list[int], after_family: int

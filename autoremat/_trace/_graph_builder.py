@@ -6,6 +6,8 @@ import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
+import jax
+
 from autoremat import _program, _sharding
 from autoremat._graph import Constant, Graph, Region, Value
 from autoremat._placement import Placement
@@ -218,7 +220,14 @@ def _ask(build: _Build, r: Segment, checkpointed: Callable[[], Callable],
 
 
 def _named_region_fn(program: Program, r: Segment, named: frozenset[int]) -> Callable:
-    return _program.region_fn(program, r, named, _program.policy_for(named))
+    """The region as :func:`autoremat._program.region_fn` runs it, in a checkpoint that
+    may save every name in ``named``; a region run as written in one without an input
+    barrier: JAX reads what its backward needs, each as the name of a value (unnamed, as
+    written, it may keep another of the same size: ``2 * x`` for ``x ** 2``)."""
+    policy = _program.policy_for(named)
+    if r.written:
+        return jax.checkpoint(_program.region_fn(program, r, named, None), policy=policy)
+    return _program.region_fn(program, r, named, policy)
 
 
 def _fixed_flops(program: Program, r: Segment, named: frozenset[int]) -> Callable[[int], int]:

@@ -40,7 +40,7 @@ class SignatureTexts:
         differentiated."""
         positions = {v: k for k, v in enumerate(region.inputs)}
         parts = [";".join(str(self._avals[v]) for v in region.inputs),
-                 f"frozen {sorted(frozen)}"]
+                 f"frozen {sorted(frozen)}", f"written {region.written}"]
         self._write(region.eqns, positions, parts)
         parts.append(",".join(_atom(o, positions) for o in region.outputs))
         return Signature("\n".join(parts), positions)

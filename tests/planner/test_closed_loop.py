@@ -8,13 +8,14 @@ import pytest
 
 import autoremat
 from autoremat._placement import Placement
+from autoremat._planner._candidates import NEAR_NO_REMAT
 from autoremat._planner._closed_loop import (
     MARGIN_BYTES,
     ROOM_LEFT,
     ClosedLoop,
     verified_floor,
 )
-from autoremat._planner._search import NEAR_NO_REMAT, Margins
+from autoremat._planner._search import Margins
 from tests.models import MODELS
 
 BUDGET = 100 * 2**20
