@@ -118,7 +118,21 @@ def per_layer_plan(found: Sequence[Candidate], options: PlanOptions, no_remat: i
         placement, written=tuple(sorted(around - _trace.layer_regions(program)))))
     graph, problem = layers.problem(options)
     d = dataclasses.replace(_solve.remat_all(graph, problem), status="feasible")
-    return plan_of(graph, d, d.peak_bytes, no_remat, options)
+    return with_saved_bytes_of_jax(plan_of(graph, d, d.peak_bytes, no_remat, options),
+                                   found[0].facts)
+
+
+def with_saved_bytes_of_jax(plan: Plan, facts: _trace.ProgramFacts) -> Plan:
+    """``plan``, whose placement may run code as written (``Placement.written``), with
+    the bytes JAX keeps for it where it does: there JAX keeps what its own rules read,
+    not always the named values the plan saves (a broadcast a log-softmax's backward
+    reads), so the bytes are JAX's. Unchanged where the program is not the function's
+    own (:attr:`autoremat._trace.ProgramFacts.written`)."""
+    if not plan.placement.written or facts.written is None:
+        return plan
+    flat_fn, avals = facts.written
+    return dataclasses.replace(plan, saved_bytes=_trace.saved_bytes_as_written(
+        plan.apply(flat_fn), avals))
 
 
 def as_written_plan(found: Sequence[Candidate], options: PlanOptions, no_remat: int) -> Plan:

@@ -20,6 +20,7 @@ from autoremat._planner._candidates import (
     no_remat_peak,
     no_remat_plan,
     plan_of,
+    with_saved_bytes_of_jax,
 )
 from autoremat._planner._options import PlanOptions
 from autoremat._policy_file import PolicyFile
@@ -80,7 +81,8 @@ def load_plan(path: str | os.PathLike, fn: Any, *args: Any, **kwargs: Any) -> Pl
                                                 frozenset()):
         plan = no_remat_plan(found[0].facts, graph, d, policy.budget_bytes, no_remat, options)
     else:
-        plan = plan_of(graph, d, policy.budget_bytes, no_remat, options)
+        plan = with_saved_bytes_of_jax(plan_of(graph, d, policy.budget_bytes, no_remat,
+                                               options), found[0].facts)
     return dataclasses.replace(plan, verified_peak_bytes=policy.verified_peak_bytes,
                                verify_target=policy.target)
 

@@ -28,6 +28,7 @@ from autoremat._trace._facts import ProgramFacts as ProgramFacts
 from autoremat._trace._facts import program_facts as program_facts
 from autoremat._trace._graph_builder import graph_of as graph_of
 from autoremat._trace._memory import cotangent_holders as _cotangent_holders  # noqa: F401
+from autoremat._trace._residuals import saved_bytes_as_written as saved_bytes_as_written
 from autoremat._trace._tracing import split_program as split_program
 from autoremat._trace._tracing import trace as trace
 from autoremat._trace._tracing import trace_program as trace_program

@@ -70,3 +70,16 @@ def test_plans_keep_the_gradients_and_save_what_they_say(model, floor, budget):
     for a, b in zip(jax.tree.leaves(_grads(optimized, args)), jax.tree.leaves(_grads(loss, args)),
                     strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+
+def test_one_remat_per_layer_keeps_the_gradients_and_saves_what_it_says(model):
+    """The per-layer plan leaves the code around the layers as written (no checkpoint):
+    there JAX keeps what its own rules read, which the plan counts."""
+    _, loss, args = model
+    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
+    _, per_layer = obvious_plans(candidates(flat_fn, avals, PlanOptions()), PlanOptions())
+    optimized = per_layer.apply(loss)
+    assert per_layer.saved_bytes == _kept_bytes(optimized, *args)
+    for a, b in zip(jax.tree.leaves(_grads(optimized, args)), jax.tree.leaves(_grads(loss, args)),
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)

@@ -1,0 +1,98 @@
+"""One remat per layer, the code around the layers as written
+(``autoremat._planner._candidates.per_layer_plan``), as a user writes it by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import autoremat
+from autoremat._planner import PlanOptions, _floor, _search
+from autoremat._planner._candidates import candidates, per_layer_plan
+from autoremat._rewrite import flat_function
+from tests.models import saved_residuals
+
+_LAYERS = 4
+
+
+def _loss(params, x):
+    embed, blocks, head = params
+    x = jnp.tanh(x @ embed)
+    for w1, w2 in blocks:
+        h = jnp.tanh(x @ w1)
+        x = x + h @ w2
+    return -jnp.mean(jax.nn.log_softmax(x @ head)[:, 0])
+
+
+def _args():
+    k = iter(jax.random.split(jax.random.key(0), 2 * _LAYERS + 3))
+    w = lambda *shape: jax.random.normal(next(k), shape) / shape[0]
+    params = (w(16, 32), [(w(32, 128), w(128, 32)) for _ in range(_LAYERS)], w(32, 10))
+    return params, jax.random.normal(next(k), (64, 16))
+
+
+@pytest.fixture(scope="module")
+def per_layer():
+    flat_fn, _, avals, _ = flat_function(_loss, _args(), {})
+    found = candidates(flat_fn, avals, PlanOptions())
+    return per_layer_plan(found, PlanOptions(), no_remat=0)
+
+
+def _checkpoints(fn, *args) -> int:
+    jaxpr = jax.make_jaxpr(jax.grad(fn))(*args).jaxpr
+    return sum(e.primitive.name in ("checkpoint", "remat2") for e in jaxpr.eqns)
+
+
+def test_each_layer_is_a_checkpoint_and_the_code_around_them_is_as_written(per_layer):
+    args = _args()
+    assert len(per_layer.placement.written) == 2  # the embedding, and the head with the loss
+    assert _checkpoints(per_layer.apply(_loss), *args) == _LAYERS
+
+
+def test_it_saves_what_jax_keeps_and_keeps_the_gradients(per_layer):
+    args = _args()
+    step = per_layer.apply(_loss)
+    assert per_layer.saved_bytes == sum(
+        int(np.prod(a.shape)) * a.dtype.itemsize for a, src in saved_residuals(step, *args)
+        if not src.startswith("from the argument"))
+    for a, b in zip(jax.tree.leaves(jax.grad(step)(*args)),
+                    jax.tree.leaves(jax.grad(_loss)(*args)), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_policy_file_keeps_it(per_layer, tmp_path):
+    args = _args()
+    plan = dataclasses.replace(per_layer, no_remat_peak_bytes=autoremat.plan(
+        _loss, *args, budget="floor").no_remat_peak_bytes)
+    plan.save(tmp_path / "per-layer.json")
+    loaded = autoremat.load_plan(tmp_path / "per-layer.json", _loss, *args)
+    assert loaded.placement == plan.placement and loaded.saved == plan.saved
+    assert (loaded.peak_bytes, loaded.saved_bytes) == (plan.peak_bytes, plan.saved_bytes)
+    assert "as written" in loaded.report()
+
+
+def test_where_the_model_puts_it_below_every_solved_plan_it_is_the_floor(monkeypatch):
+    """Where the code it leaves as written, modelled as the compiler fuses it, puts it
+    below every solved plan, the floor is the per-layer plan, a budget between gets it,
+    and a budget below it is infeasible with its peak as the smallest feasible budget."""
+    args = _args()
+    solved = autoremat.plan(_loss, *args, budget="floor")
+
+    def lower(found, options, no_remat):
+        plan = per_layer_plan(found, options, no_remat)
+        return dataclasses.replace(plan, peak_bytes=solved.peak_bytes - 4096)
+
+    monkeypatch.setattr(_floor, "per_layer_plan", lower)
+    monkeypatch.setattr(_search, "per_layer_plan", lower)
+    floor = autoremat.plan(_loss, *args, budget="floor")
+    assert floor.placement.written and floor.peak_bytes == solved.peak_bytes - 4096
+    between = autoremat.plan(_loss, *args, budget=solved.peak_bytes - 2048)
+    assert between.placement == floor.placement
+    assert between.budget_bytes == solved.peak_bytes - 2048
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.plan(_loss, *args, budget=solved.peak_bytes - 8192)
+    assert info.value.floor_bytes == floor.peak_bytes
