@@ -93,30 +93,35 @@ def no_remat_decisions(facts: _trace.ProgramFacts, graph: Graph, problem: ilp.Pr
 
 def obvious_plans(found: Sequence[Candidate], options: PlanOptions,
                   no_remat: int | None = None) -> list[Plan]:
-    """The plans a user tries by hand: no remat (:func:`as_written_plan`) and one remat per
-    layer (:func:`per_layer_plan`). The compiler may put them below the model's floor
-    plans, so a verified floor is compared with them. ``no_remat``: :func:`no_remat_peak`
-    of ``found`` where the caller has it (otherwise each placement's problem is built
+    """The plans a user tries by hand: no remat (:func:`as_written_plan`), and one remat
+    per layer (:func:`per_layer_plan`) with the code around the layers in a checkpoint
+    too, then as written. The compiler may put them below the model's floor plans, so a
+    verified floor is compared with them. ``no_remat``: :func:`no_remat_peak` of
+    ``found`` where the caller has it (otherwise each placement's problem is built
     again)."""
     no_remat = no_remat_peak(found, options) if no_remat is None else no_remat
     return [as_written_plan(found, options, no_remat),
+            per_layer_plan(found, options, no_remat, around_as_written=False),
             per_layer_plan(found, options, no_remat)]
 
 
-def per_layer_plan(found: Sequence[Candidate], options: PlanOptions, no_remat: int) -> Plan:
+def per_layer_plan(found: Sequence[Candidate], options: PlanOptions, no_remat: int,
+                   around_as_written: bool = True) -> Plan:
     """One remat per layer keeping only its input
     (``jax.checkpoint(layer, policy=nothing_saveable)`` on every layer, at
-    :func:`autoremat._trace.layer_cuts`), the code around the layers as written
-    (:func:`autoremat._trace.layer_regions`), on the program of ``found[0]`` (scans
-    whole). Remat of the head too changed XLA's fusion of the last layer's backward (Flax
-    Linen encoder, TPU v5e: 16% above the library's own remat per layer). ``no_remat``:
-    :func:`no_remat_peak` of ``found``."""
+    :func:`autoremat._trace.layer_cuts`), on the program of ``found[0]`` (scans whole).
+    ``around_as_written``: the code around the layers (embedding, head, loss) runs as
+    written (:func:`autoremat._trace.layer_regions`), as a library's own remat per block
+    leaves it; otherwise it is rematted too. On the TPU v5e compiler neither is always
+    the lower (``bench/results/per-layer.md``). ``no_remat``: :func:`no_remat_peak` of
+    ``found``."""
     program = found[0].facts.program
     placement = Placement(_trace.layer_cuts(program))
-    around = set(range(len(_program.split_regions(program, placement))))
-    layers = Candidate(found[0].facts, dataclasses.replace(
-        placement, written=tuple(sorted(around - _trace.layer_regions(program)))))
-    graph, problem = layers.problem(options)
+    if around_as_written:
+        around = set(range(len(_program.split_regions(program, placement))))
+        placement = dataclasses.replace(
+            placement, written=tuple(sorted(around - _trace.layer_regions(program))))
+    graph, problem = Candidate(found[0].facts, placement).problem(options)
     d = dataclasses.replace(_solve.remat_all(graph, problem), status="feasible")
     return with_saved_bytes_of_jax(plan_of(graph, d, d.peak_bytes, no_remat, options),
                                    found[0].facts)

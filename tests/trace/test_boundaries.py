@@ -127,11 +127,13 @@ def test_the_floor_is_at_or_below_no_remat_and_one_remat_per_layer(make):
     loss, args = make()
     flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
     found = candidates(flat_fn, avals, PlanOptions())
-    no_remat, per_layer = obvious_plans(found, PlanOptions())
+    no_remat, *per_layer = obvious_plans(found, PlanOptions())
     floor = autoremat.plan(loss, *args, budget="floor")
-    assert floor.peak_bytes <= per_layer.peak_bytes <= no_remat.peak_bytes
+    for p in per_layer:
+        assert floor.peak_bytes <= p.peak_bytes <= no_remat.peak_bytes
+        assert p.placement.cuts == _trace.layer_cuts(found[0].facts.program)
     assert floor.peak_bytes < no_remat.peak_bytes
-    assert per_layer.placement.cuts == _trace.layer_cuts(found[0].facts.program)
+    assert [bool(p.placement.written) for p in per_layer] == [False, True]
 
 
 def test_one_remat_per_layer_is_what_the_library_remat_saves():
@@ -140,7 +142,7 @@ def test_one_remat_per_layer_is_what_the_library_remat_saves():
     loss, args = _cnn()
     flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
     found = candidates(flat_fn, avals, PlanOptions())
-    _, per_layer = obvious_plans(found, PlanOptions())
+    *_, per_layer = obvious_plans(found, PlanOptions())
     graph = per_layer.graph
     assert graph is not None
     problem = _solve.problem_of(graph)
