@@ -113,7 +113,7 @@ def per_layer_plan(found: Sequence[Candidate], options: PlanOptions, no_remat: i
     ``around_as_written``: the code around the layers (embedding, head, loss) runs as
     written (:func:`autoremat._trace.layer_regions`), as a library's own remat per block
     leaves it; otherwise it is rematted too. On the TPU v5e compiler neither is always
-    the lower (``bench/results/per-layer.md``). ``no_remat``: :func:`no_remat_peak` of
+    the lower (``python bench/per_layer.py``). ``no_remat``: :func:`no_remat_peak` of
     ``found``."""
     program = found[0].facts.program
     placement = Placement(_trace.layer_cuts(program))
