@@ -298,19 +298,18 @@ def _written(graph: Graph, problem: ilp.Problem) -> np.ndarray:
 def _fixed(graph: Graph, problem: ilp.Problem, save: np.ndarray, recompute: np.ndarray
            ) -> Decisions:
     """The decisions of a plan not solved for, with its figures."""
-    cost, _ = ilp.evaluate(problem, save, recompute)
-    peak = fixed_peak(graph, problem, save, recompute)
+    cost, peak = evaluate(graph, problem, save, recompute)
     result = ilp.Solution(ilp.Status.OPTIMAL, save, recompute, cost, peak, cost, 0.0, 0.0)
     return decisions(graph, problem, result)
 
 
-def fixed_peak(graph: Graph, problem: ilp.Problem, save: np.ndarray, recompute: np.ndarray,
-               offload: np.ndarray | None = None) -> int:
-    """The modelled peak of a plan's masks: :func:`autoremat_ilp.evaluate`'s, or where the
-    placement runs regions as written, the lower of that and the peak of what the
+def evaluate(graph: Graph, problem: ilp.Problem, save: np.ndarray, recompute: np.ndarray,
+             offload: np.ndarray | None = None) -> tuple[float, int]:
+    """``(cost, peak)`` of a plan's masks: :func:`autoremat_ilp.evaluate`'s, the peak, where
+    the placement runs regions as written, the lower of that and the peak of what the
     compiler holds of them (:func:`fused_as_written`)."""
-    peak = ilp.evaluate(problem, save, recompute, offload)[1]
+    cost, peak = ilp.evaluate(problem, save, recompute, offload)
     if not graph.placement.written:
-        return peak
+        return cost, peak
     fused = fused_as_written(graph, problem, save, recompute, _written(graph, problem))
-    return min(peak, ilp.evaluate(problem, *fused, offload)[1])
+    return cost, min(peak, ilp.evaluate(problem, *fused, offload)[1])

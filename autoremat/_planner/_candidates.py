@@ -111,20 +111,35 @@ def per_layer_plan(found: Sequence[Candidate], options: PlanOptions, no_remat: i
     (``jax.checkpoint(layer, policy=nothing_saveable)`` on every layer, at
     :func:`autoremat._trace.layer_cuts`), on the program of ``found[0]`` (scans whole).
     ``around_as_written``: the code around the layers (embedding, head, loss) runs as
-    written (:func:`autoremat._trace.layer_regions`), as a library's own remat per block
+    written (:func:`autoremat._trace.layer_placement`), as a library's own remat per block
     leaves it; otherwise it is rematted too. On the TPU v5e compiler neither is always
     the lower (``python bench/per_layer.py``). ``no_remat``: :func:`no_remat_peak` of
     ``found``."""
-    program = found[0].facts.program
-    placement = Placement(_trace.layer_cuts(program))
-    if around_as_written:
-        around = set(range(len(_program.split_regions(program, placement))))
-        placement = dataclasses.replace(
-            placement, written=tuple(sorted(around - _trace.layer_regions(program))))
+    return with_saved_bytes_of_jax(_modelled_per_layer(found, options, no_remat,
+                                                       around_as_written), found[0].facts)
+
+
+def per_layer_floor(found: Sequence[Candidate], options: PlanOptions, no_remat: int,
+                    below: int) -> Plan | None:
+    """:func:`per_layer_plan` (the code around the layers as written) where the model
+    puts it below ``below`` (the solved plans' floor) and it recomputes more than
+    ``NEAR_NO_REMAT`` (nearer no remat, the function as written stands for it); ``None``
+    otherwise. The model holds the code as written as the compiler fuses it, which no
+    solved plan is, so this plan can be below their floor. JAX's bytes are counted for it
+    only where it is returned (a trace of the whole step)."""
+    layered = _modelled_per_layer(found, options, no_remat, around_as_written=True)
+    if near_no_remat(layered) or layered.peak_bytes >= below:
+        return None
+    return with_saved_bytes_of_jax(layered, found[0].facts)
+
+
+def _modelled_per_layer(found: Sequence[Candidate], options: PlanOptions, no_remat: int,
+                        around_as_written: bool) -> Plan:
+    """:func:`per_layer_plan` with the saved bytes the model counts."""
+    placement = _trace.layer_placement(found[0].facts.program, around_as_written)
     graph, problem = Candidate(found[0].facts, placement).problem(options)
     d = dataclasses.replace(_solve.remat_all(graph, problem), status="feasible")
-    return with_saved_bytes_of_jax(plan_of(graph, d, d.peak_bytes, no_remat, options),
-                                   found[0].facts)
+    return plan_of(graph, d, d.peak_bytes, no_remat, options)
 
 
 def with_saved_bytes_of_jax(plan: Plan, facts: _trace.ProgramFacts) -> Plan:

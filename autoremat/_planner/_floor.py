@@ -15,10 +15,9 @@ from autoremat._planner._candidates import (
     Candidate,
     SolverClock,
     checked,
-    near_no_remat,
     no_remat_baselines,
     no_remat_plan,
-    per_layer_plan,
+    per_layer_floor,
     plan_of,
     runs_as_written,
 )
@@ -32,12 +31,10 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
                 within: float = 0.0) -> list[Plan]:
     """For each placement whose least peak is within ``within`` (a fraction) of the least
     over the placements, lowest first, its floor plan (:func:`_floor_plan`); first, one
-    remat per layer where the model holds it lower and it recomputes more than
-    ``NEAR_NO_REMAT`` (the code it leaves as written is modelled as the compiler fuses
-    it, which no solved plan is: :func:`autoremat._planner._candidates.per_layer_plan`),
-    and before it, the function as
-    written where the model holds it no higher than every plan after (its compiler fuses
-    what no checkpointed plan can: :func:`autoremat._solve.as_written`).
+    remat per layer where the model holds it lower
+    (:func:`autoremat._planner._candidates.per_layer_floor`), and before it the function
+    as written where the model holds it no higher than every plan after (its compiler
+    fuses what no checkpointed plan can: :func:`autoremat._solve.as_written`).
 
     Raises:
       SolverTimeoutError: the time limit passed before any least-peak plan was found.
@@ -61,8 +58,8 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
     floors = [_floor_plan(lowest[k], peak, solves, no_remat, options, clock,
                           left=2 * (len(chosen) - i))
               for i, (peak, k) in enumerate(chosen)]
-    layered = per_layer_plan(candidates, options, no_remat)
-    if not near_no_remat(layered) and layered.peak_bytes < floors[0].peak_bytes:
+    layered = per_layer_floor(candidates, options, no_remat, below=floors[0].peak_bytes)
+    if layered is not None:
         floors.insert(0, layered)
     if nothing.peak_bytes > floors[0].peak_bytes:
         return floors

@@ -100,8 +100,7 @@ def _evaluate(policy: PolicyFile, graph: Graph, problem: ilp.Problem,
     name = lambda m: f"{m.group(1)} {m.group(2)} ({sites[int(m.group(2))]})"
     differences = [re.sub(r"(value|input) (\d+)", name, msg)
                    for msg in ilp.violations(problem, save, recompute, offload)]
-    cost, _ = ilp.evaluate(problem, save, recompute, offload)
-    peak = _solve.fixed_peak(graph, problem, save, recompute, offload)
+    cost, peak = _solve.evaluate(graph, problem, save, recompute, offload)
     if policy.no_remat:  # the function as written, whose compiler fuses what JAX saves
         peak = _solve.as_written(graph, problem).peak_bytes
     decisions = _solve.decisions(graph, problem, ilp.Solution(

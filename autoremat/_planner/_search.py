@@ -23,7 +23,7 @@ from autoremat._planner._candidates import (
     near_no_remat,
     no_remat_baselines,
     no_remat_plan,
-    per_layer_plan,
+    per_layer_floor,
     plan_of,
 )
 from autoremat._planner._options import PlanOptions
@@ -121,18 +121,16 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
 def _per_layer_within(candidates: Sequence[Candidate], budget_bytes: int, no_remat_peak: int,
                       margins: Margins, options: PlanOptions,
                       infeasible: InfeasibleBudgetError) -> Plan:
-    """One remat per layer (:func:`autoremat._planner._candidates.per_layer_plan`) where
-    no solved plan fits but it does (the code it leaves as written is modelled as the
-    compiler fuses it, which no solved plan is), for ``budget_bytes``; a floor plan
-    where it recomputes more than ``NEAR_NO_REMAT``
-    (:func:`autoremat._planner._floor.floor_plans`).
+    """One remat per layer, the code around the layers as written, for ``budget_bytes``
+    where no solved plan fits it but this one does (it is a floor below theirs:
+    :func:`autoremat._planner._candidates.per_layer_floor`).
 
     Raises:
       InfeasibleBudgetError: it does not fit either; the smallest feasible budget is the
         lower of its peak and the solved plans' floor (``infeasible.floor_bytes``).
     """
-    layered = per_layer_plan(candidates, options, no_remat_peak)
-    if near_no_remat(layered):  # not a floor (see floor_plans)
+    layered = per_layer_floor(candidates, options, no_remat_peak, below=infeasible.floor_bytes)
+    if layered is None:
         raise infeasible
     needed = layered.peak_bytes + margins.of(layered.placement)
     if needed > budget_bytes:

@@ -22,6 +22,7 @@ from autoremat._errors import UnsupportedProgramError as UnsupportedProgramError
 from autoremat._trace._boundaries import candidate_cuts as candidate_cuts
 from autoremat._trace._boundaries import crossing_bytes as crossing_bytes
 from autoremat._trace._boundaries import layer_cuts as layer_cuts
+from autoremat._trace._boundaries import layer_placement as layer_placement
 from autoremat._trace._boundaries import layer_regions as layer_regions
 from autoremat._trace._boundaries import segment_cuts as segment_cuts
 from autoremat._trace._facts import ProgramFacts as ProgramFacts

@@ -15,15 +15,16 @@ Two kinds of candidate boundaries, both from the program's structure:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax._src.source_info_util as source_info_util
 import numpy as np
 
 from autoremat._placement import Placement
-from autoremat._program import Eqn, Program, scan_input_slices, split_regions
+from autoremat._program import Eqn, Program, Segment, scan_input_slices, split_regions
 
 
 def crossing_bytes(program: Program) -> np.ndarray:
@@ -87,11 +88,7 @@ _WINDOW = 4
 def layer_cuts(program: Program) -> tuple[int, ...]:
     """Equation indices at which the program's repeated layers start, and where the code
     after the last one starts; ``()`` where nothing repeats (:func:`_layers`)."""
-    found = _layers(program)
-    if found is None:
-        return ()
-    starts, end = found
-    return tuple(sorted({*starts, end} - {0, len(program.eqns)}))
+    return _cuts(program, _layers(program))
 
 
 def layer_regions(program: Program) -> frozenset[int]:
@@ -103,9 +100,38 @@ def layer_regions(program: Program) -> frozenset[int]:
     the scans, or every region where there is none. One ``jax.checkpoint`` per layer is
     what a user writes by hand, the code around the layers (embedding, head, loss) left
     as written."""
-    regions = split_regions(program, Placement(layer_cuts(program)))
-    scans = frozenset(r.index for r in regions if r.kind == "scan")
     found = _layers(program)
+    return _layer_regions(program, found,
+                          split_regions(program, Placement(_cuts(program, found))))
+
+
+def layer_placement(program: Program, around_as_written: bool = True) -> Placement:
+    """The placement of one remat per layer: a region per layer (:func:`layer_cuts`), and
+    with ``around_as_written`` the regions that are not layers (:func:`layer_regions`)
+    run as written (``Placement.written``)."""
+    found = _layers(program)
+    placement = Placement(_cuts(program, found))
+    if not around_as_written:
+        return placement
+    regions = split_regions(program, placement)
+    layers = _layer_regions(program, found, regions)
+    return dataclasses.replace(placement, written=tuple(
+        r.index for r in regions if r.index not in layers))
+
+
+def _cuts(program: Program, found: tuple[list[int], int] | None) -> tuple[int, ...]:
+    """:func:`layer_cuts` of the layers ``found`` by :func:`_layers`."""
+    if found is None:
+        return ()
+    starts, end = found
+    return tuple(sorted({*starts, end} - {0, len(program.eqns)}))
+
+
+def _layer_regions(program: Program, found: tuple[list[int], int] | None,
+                   regions: Sequence[Segment]) -> frozenset[int]:
+    """:func:`layer_regions` of the layers ``found`` by :func:`_layers`, ``regions`` those
+    of the placement at their cuts."""
+    scans = frozenset(r.index for r in regions if r.kind == "scan")
     if found is None:
         return scans or frozenset(r.index for r in regions)
     (starts, end), eqns = found, program.eqns

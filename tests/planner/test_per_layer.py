@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import autoremat
-from autoremat._planner import PlanOptions, _floor, _search
+from autoremat._planner import PlanOptions, _candidates
 from autoremat._planner._candidates import candidates, per_layer_plan
 from autoremat._rewrite import flat_function
 from tests.models import saved_residuals
@@ -82,12 +82,13 @@ def test_where_the_model_puts_it_below_every_solved_plan_it_is_the_floor(monkeyp
     args = _args()
     solved = autoremat.plan(_loss, *args, budget="floor")
 
-    def lower(found, options, no_remat):
-        plan = per_layer_plan(found, options, no_remat)
+    modelled = _candidates._modelled_per_layer
+
+    def lower(found, options, no_remat, around_as_written):
+        plan = modelled(found, options, no_remat, around_as_written)
         return dataclasses.replace(plan, peak_bytes=solved.peak_bytes - 4096)
 
-    monkeypatch.setattr(_floor, "per_layer_plan", lower)
-    monkeypatch.setattr(_search, "per_layer_plan", lower)
+    monkeypatch.setattr(_candidates, "_modelled_per_layer", lower)
     floor = autoremat.plan(_loss, *args, budget="floor")
     assert floor.placement.written and floor.peak_bytes == solved.peak_bytes - 4096
     between = autoremat.plan(_loss, *args, budget=solved.peak_bytes - 2048)
