@@ -35,9 +35,8 @@ from typing import Any
 
 import jax
 import networkx as nx
-from jax._src import source_info_util
 
-from autoremat import _program
+from autoremat import _program, _source
 from autoremat._cost import _REDUCTIONS, eqn_flops, fusible
 
 __all__ = ["training_graph"]
@@ -125,7 +124,7 @@ def _group(program: _program.Program) -> tuple[list[list[int]], list[bool], dict
 
 def _name(eqn: _program.Eqn) -> str:
     """The primitive and, where known, the user's line that made ``eqn``."""
-    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    frame = _source.user_frame(eqn.source_info.traceback)
     if frame is None:
         return eqn.primitive.name
     return f"{eqn.primitive.name}@{frame.file_name.rsplit('/', 1)[-1]}:{frame.start_line}"

@@ -17,12 +17,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import sysconfig
 from collections.abc import Callable, Sequence
 
-import jax._src.source_info_util as source_info_util
 import numpy as np
 
+from autoremat import _source
 from autoremat._placement import Placement
 from autoremat._program import Eqn, Program, Segment, scan_input_slices, split_regions
 
@@ -54,29 +53,9 @@ _Token = tuple[str, tuple[tuple[str, int], ...]]
 def _token(eqn: Eqn, is_user: Callable[[str], bool]) -> _Token:
     """What an equation is, up to which call made it: its primitive and the user source
     frames it was traced from (line numbers, not columns), ``is_user`` telling which
-    files are the user's (:func:`_user_files`)."""
-    traceback = eqn.source_info.traceback
-    code, lasti = traceback.raw_frames() if traceback else ([], [])
-    frames = (source_info_util.raw_frame_to_frame(c, i) for c, i in zip(code, lasti, strict=True))
-    return eqn.primitive.name, tuple((f.file_name, f.start_line) for f in frames
-                                     if is_user(f.file_name))
-
-
-def _user_files() -> Callable[[str], bool]:
-    """Whether a file is the user's code as JAX guesses it
-    (``source_info_util.is_user_filename``: not JAX's, not the standard library's, not
-    excluded by a library such as Flax), the same with or without a virtual environment.
-
-    JAX takes the standard library's folder for library code, and a Python installed
-    without a virtual environment keeps its site-packages inside that folder: there JAX
-    would hide the source lines of every package (Flax's LayerNorm among them), and the
-    layers found, so the plans, would differ from those made in a virtual environment.
-    """
-    sites = tuple({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
-    excluded = tuple(p for p in source_info_util._exclude_paths
-                     if not any(site.startswith(p) for site in sites))
-    return lambda name: source_info_util.is_user_filename(name) or (
-        name.startswith(sites) and not name.startswith(excluded))
+    files are the user's (:func:`autoremat._source.user_files`)."""
+    return eqn.primitive.name, tuple((f.file_name, f.start_line)
+                                     for f in _source.frames(eqn.source_info.traceback, is_user))
 
 
 # Equations per token of :func:`layer_cuts` where single equations' source lines do not
@@ -160,7 +139,7 @@ def _layers(program: Program) -> tuple[list[int], int] | None:
     eqns = program.eqns
     in_scans = {j for i, s in scan_input_slices(program).items()
                 for j in range(i - len(s), i + 1)}
-    is_user = _user_files()
+    is_user = _source.user_files()
     tokens = [None if e.scan_body is not None or i in in_scans else _token(e, is_user)
               for i, e in enumerate(eqns)]
     crossing = crossing_bytes(program)

@@ -6,18 +6,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-from jax._src import source_info_util
 
-from autoremat import _sharding
+from autoremat import _sharding, _source
 from autoremat._program import Eqn
 
 
 def source_of(eqn: Eqn) -> str:
-    """``file:line`` of the user code that made ``eqn``."""
-    frame = source_info_util.user_frame(eqn.source_info.traceback)
-    if frame is not None:
-        return f"{frame.file_name}:{frame.start_line}"
-    return source_info_util.summarize(eqn.source_info) or "?"
+    """``file:line`` of the user code that made ``eqn`` (:func:`autoremat._source.user_frame`)."""
+    frame = _source.user_frame(eqn.source_info.traceback)
+    return "?" if frame is None else f"{frame.file_name}:{frame.start_line}"
 
 
 def abstract(ids: Sequence[int], avals: Mapping[int, Any]) -> list[jax.ShapeDtypeStruct]:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import collections
-import inspect
-import os
-import sysconfig
 
 import autoremat_ilp as ilp
 import equinox as eqx
@@ -14,14 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import source_info_util
 
 import autoremat
 from autoremat import _rewrite, _solve, _trace
 from autoremat._placement import Placement
 from autoremat._planner import PlanOptions
 from autoremat._planner._candidates import candidates, obvious_plans
-from autoremat._trace import _boundaries
 from tests.models import saved_residuals
 
 
@@ -199,21 +194,3 @@ def test_the_layers_of_a_scanned_model_are_its_scan(name, scans):
     layers = _trace.layer_regions(program)
     assert [regions[k].kind for k in sorted(layers)] == ["scan"] * scans
     assert len(regions) > len(layers)  # the code around the loop stays as written
-
-
-def test_package_source_lines_count_with_or_without_a_virtual_environment(monkeypatch):
-    """Without a virtual environment, site-packages lies inside the standard library's
-    folder, all of which JAX takes for library code: the layers found (so the plans)
-    would then differ from a virtual environment's, where Flax's LayerNorm lines count."""
-    stdlib = sysconfig.get_path("stdlib")
-    site = os.path.join(stdlib, "site-packages")
-    get_path = sysconfig.get_path
-    monkeypatch.setattr(sysconfig, "get_path", lambda name, *a, **k: (
-        site if name in ("purelib", "platlib") else get_path(name, *a, **k)))
-    is_user = _boundaries._user_files()
-    layer_norm = os.path.join(site, "flax", "linen", "normalization.py")
-    assert not source_info_util.is_user_filename(layer_norm)  # JAX alone hides it
-    assert is_user(layer_norm)
-    assert not is_user(os.path.join(stdlib, "functools.py"))
-    # JAX's own files, and those a library excludes (Flax's module machinery), stay out.
-    assert not is_user(jax.__file__) and not is_user(inspect.getfile(nn.Module))
