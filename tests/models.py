@@ -11,7 +11,7 @@ from jax._src import ad_checkpoint
 from jax._src import core as jax_core
 from jax._src.lax import lax as lax_internal
 
-from autoremat._planner._search import within_model_error
+from autoremat._planner._candidates import within_model_error
 from autoremat.zoo import gpt2
 
 

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import autoremat
 from autoremat import _measure, _rewrite
-from autoremat._planner import _candidates, _floor, _search
+from autoremat._planner import _candidates, _floor
 from autoremat.zoo import gpt2
 
 needs_libtpu = pytest.mark.skipif(
@@ -169,7 +169,7 @@ def test_verified_floor_is_the_lowest_on_the_compiler_of_the_floor_plans_and_obv
     options = autoremat.PlanOptions()
     found = _candidates.candidates(flat_fn, avals, options)
     floors = _floor.floor_plans(found, options, _candidates.SolverClock.of(options, len(found)),
-                                _search.MODEL_ERROR)
+                                _candidates.MODEL_ERROR)
     assert len(floors) > 1  # two placements within the model's error of its floor
     assert floors[0].saved == autoremat.plan(loss, *args, budget="floor").saved
     # Beside no remat and one remat per layer, which the compiler may put lower.

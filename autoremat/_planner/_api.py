@@ -25,6 +25,7 @@ from autoremat._offload import OffloadConfig
 from autoremat._op_times import OpTimes
 from autoremat._plan import Plan
 from autoremat._planner._candidates import (
+    MODEL_ERROR,
     Candidate,
     SolverClock,
     as_written_plan,
@@ -34,7 +35,7 @@ from autoremat._planner._candidates import (
 from autoremat._planner._closed_loop import ClosedLoop, verified_floor
 from autoremat._planner._floor import floor_plans
 from autoremat._planner._options import AUTO, NODE_LIMIT, PlanOptions
-from autoremat._planner._search import MODEL_ERROR, Margins, search
+from autoremat._planner._search import Margins, search
 
 
 def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,

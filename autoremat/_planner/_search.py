@@ -25,12 +25,9 @@ from autoremat._planner._candidates import (
     no_remat_plan,
     per_layer_floor,
     plan_of,
+    within_model_error,
 )
 from autoremat._planner._options import PlanOptions
-
-# How far the model's peak may be from the compiler's (within 10% on the zoo's plans but
-# for some at the no-remat end; see bench/results/).
-MODEL_ERROR = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,10 +209,3 @@ def as_written_near_no_remat(plan: Plan, written: Plan | None) -> Plan:
         return plan
     # Not solved for: feasible, as the closed loop's plan of the function as written is.
     return dataclasses.replace(written, status="feasible", solve_seconds=plan.solve_seconds)
-
-
-def within_model_error(peak: int, reference: int, fixed: int) -> bool:
-    """Whether the activation memory of ``peak`` (less the arguments and gradients,
-    ``fixed``, which the model counts exactly) is at most ``MODEL_ERROR`` below that of
-    ``reference``."""
-    return peak - fixed >= (1 - MODEL_ERROR) * (reference - fixed)

@@ -12,8 +12,8 @@ import pytest
 
 import autoremat
 from autoremat._planner import PlanOptions
-from autoremat._planner._candidates import NEAR_NO_REMAT, SolverClock, candidates
-from autoremat._planner._search import MODEL_ERROR, search
+from autoremat._planner._candidates import MODEL_ERROR, NEAR_NO_REMAT, SolverClock, candidates
+from autoremat._planner._search import search
 from autoremat._report import format_report
 from autoremat._rewrite import flat_function
 from tests.models import MODELS, saved_residuals
