@@ -1,8 +1,9 @@
 """The floor: autoremat's ``budget="floor"`` plan against ``nothing_saveable`` per layer,
 both compiled for a TPU target, as the issues on the benchmark and on placement ask
-(autoremat's floor no higher than ``nothing_saveable``'s).
+(autoremat's floor no higher than ``nothing_saveable``'s), on zoo and corpus models.
 
     python bench/floor.py --model gpt2-small --model gpt2-small-scan --model llama
+    python bench/floor.py --model eqx-mlp --out /tmp/floor       # pip install -e ".[corpus]"
 
 Writes ``floor.md`` and ``floor.json`` under ``--out``. Each row: the real peak without
 remat, then for ``nothing_saveable`` and autoremat's floor, without and with ``verify``, the
@@ -19,13 +20,15 @@ import shlex
 import sys
 
 import autoremat
-from autoremat import _measure, zoo
+from autoremat import _cli, _measure, zoo
 from autoremat._benchmark import BUILTIN_POLICIES, program_flops, versions
+
+CORPUS = _cli._load_corpus(pathlib.Path(__file__).parent / "corpus")
 
 
 def measure(name: str, target: str, time_limit_s: float) -> dict:
     """``nothing_saveable``'s and the floor plan's real peak and overhead for one model."""
-    model = zoo.get(name)
+    model = CORPUS[name] if name in CORPUS else zoo.get(name)
     args = (model.param_shapes(), model.batch_shapes())
     loss = model.make_loss()
     argnums = _measure.float_argnums(args)
@@ -50,7 +53,7 @@ def measure(name: str, target: str, time_limit_s: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", action="append", choices=sorted(zoo.ZOO))
+    parser.add_argument("--model", action="append", choices=sorted({*zoo.ZOO, *CORPUS}))
     parser.add_argument("--target", default="tpu-v5e")
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
