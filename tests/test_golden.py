@@ -18,7 +18,12 @@ the compiler gives the function as written, elementwise chains fused into the ba
 way to no remat fell with it (0.6-46% lower peaks, more recompute). Written again when a
 gradient's buffer holds one saved value at a time (``Graph.reserved_room``'s caps):
 resnet-tiny's floor rose 2.7% and gpt2-small-tiny's floor recompute 30.2% at the same
-peak; the rest moved within 1.7% (no placement changed). The test checks the
+peak; the rest moved within 1.7% (no placement changed). Written again when one remat
+per layer is the floor where the model puts the solved floor less than its error under
+it (``_candidates.per_layer_floor``): the floors of gpt2-small-scan-tiny (also nested),
+llama-tiny and mlp-tiny are that plan, up to 0.12% above the solved floor (not solved,
+so ``"feasible"``), and the budgets a third and two thirds of the way from them moved
+with them. The test checks the
 current code gives the same plans: the saved set, the placement, the predicted peak, the
 recompute and the solver's status.
 Regenerate (only when a change of plans is intended) with ``python -m tests.test_golden``.
@@ -83,11 +88,14 @@ def _key(model: str, budget: str, option: str) -> str:
 
 
 def _proven() -> list[tuple[str, str, str]]:
-    """The cases whose golden plan the solver proved optimal. A plan the time limit stopped
-    (``"feasible"``: llama-unrolled-tiny at two thirds, about a minute of HiGHS) depends on
-    the machine's load, so it is no fixed point to compare with."""
+    """The cases whose golden plan the solver proved optimal, or which no solver made (one
+    remat per layer, the code around the layers as written: ``written`` regions). A plan
+    the time limit stopped (``"feasible"``: llama-unrolled-tiny at two thirds, about a
+    minute of HiGHS) depends on the machine's load, so it is no fixed point to compare
+    with."""
     golden = json.loads(GOLDEN.read_text())
-    return [c for c in CASES if golden[_key(*c)]["status"] == "optimal"]
+    return [c for c in CASES if golden[_key(*c)]["status"] == "optimal"
+            or golden[_key(*c)]["placement"].get("written")]
 
 
 @pytest.mark.parametrize(("model", "budget", "option"), _proven(),

@@ -59,7 +59,10 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         no-remat activation memory (on top of arguments and gradients), or ``"floor"``:
         the least peak the model allows, with the plan there that keeps the most room
         (the least-recompute plan at that budget spends every stage's slack on saving
-        values the compiler may not fit beside the peak); with ``verify``, of the
+        values the compiler may not fit beside the peak), or the function as written or
+        one remat per layer where the model puts that least peak less than 10% of
+        activation memory under theirs (within its error it cannot tell them apart, and
+        they are the plans a user would write); with ``verify``, of the
         placements whose floor the model puts within 10% of the least (at most
         ``verify_rounds`` of them, lowest first), no remat and one remat per layer, the
         plan the compiler puts lowest. For a sharded step, the bytes of one device (as

@@ -32,7 +32,7 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
                 within: float = 0.0) -> list[Plan]:
     """For each placement whose least peak is within ``within`` (a fraction) of the least
     over the placements, lowest first, its floor plan (:func:`_floor_plan`); first, one
-    remat per layer where the model holds it lower
+    remat per layer where the model holds it lower or cannot tell it from them
     (:func:`autoremat._planner._candidates.per_layer_floor`), and before it the function
     as written where the model holds it no higher than every plan after, or holds every
     plan after less than ``MODEL_ERROR`` of its activation memory lower

@@ -119,7 +119,8 @@ def _per_layer_within(candidates: Sequence[Candidate], budget_bytes: int, no_rem
                       margins: Margins, options: PlanOptions,
                       infeasible: InfeasibleBudgetError) -> Plan:
     """One remat per layer, the code around the layers as written, for ``budget_bytes``
-    where no solved plan fits it but this one does (it is a floor below theirs:
+    where no solved plan fits it but this one does (where the model puts it below their
+    floor, or their floor within its error under it:
     :func:`autoremat._planner._candidates.per_layer_floor`).
 
     Raises:
