@@ -6,8 +6,9 @@ Two kinds of candidate boundaries, both from the program's structure:
   the same source lines, again and again. The equations are tokenized (primitive and user
   source frames); the tokens that repeat the most common number of times are the layers'
   code, and the layers start where one of those tokens recurs, the one whose recurrences
-  the fewest bytes cross (the residual stream, not the inside of a block). These are the
-  boundaries a user's one line of remat per block gives, whatever the widths.
+  the fewest bytes cross (the residual stream, not the inside of a block); a block that
+  runs its code several times is one layer per call. These are the boundaries a user's
+  one line of remat per block gives, whatever the widths.
 - **Narrow crossings** (:func:`segment_cuts`): where the bytes still to be read are near
   the least of the program, thinned to segments of similar size.
 """
@@ -17,13 +18,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from autoremat import _source
 from autoremat._placement import Placement
-from autoremat._program import Eqn, Program, Segment, scan_input_slices, split_regions
+from autoremat._program import Program, Segment, scan_input_slices, split_regions
 
 
 def crossing_bytes(program: Program) -> np.ndarray:
@@ -46,16 +47,36 @@ def crossing_bytes(program: Program) -> np.ndarray:
     return np.cumsum(delta)[:len(eqns) + 1]
 
 
-# An equation's primitive and the (file, line) of its user source frames.
-_Token = tuple[str, tuple[tuple[str, int], ...]]
+# An equation's primitive and its user source frames, innermost first: (file, line), but
+# (file, function) for the outermost frame in which equations differ (see :func:`_tokens`).
+_Token = tuple[str, tuple[tuple[str, int | str], ...]]
 
 
-def _token(eqn: Eqn, is_user: Callable[[str], bool]) -> _Token:
-    """What an equation is, up to which call made it: its primitive and the user source
-    frames it was traced from (line numbers, not columns), ``is_user`` telling which
-    files are the user's (:func:`autoremat._source.user_files`)."""
-    return eqn.primitive.name, tuple((f.file_name, f.start_line)
-                                     for f in _source.frames(eqn.source_info.traceback, is_user))
+def _tokens(program: Program) -> list[_Token]:
+    """What each equation of ``program`` is, up to which call made it: its primitive and
+    the user source frames it was traced from (:func:`autoremat._source.user_files`; line
+    numbers, not columns). In the outermost frame where the equations differ, the traced
+    function's own, the function and not the line: there the line says which of the
+    function's calls of a block ran the code (a U-Net's encoder, middle and decoder
+    loops), not what the code is."""
+    is_user = _source.user_files()
+    chains = [tuple(reversed(list(_source.frames(e.source_info.traceback, is_user))))
+              for e in program.eqns]
+    lines = [tuple((f.file_name, f.start_line) for f in chain) for chain in chains]
+    top = _common_depth([c for c in lines if c])
+    return [(e.primitive.name, tuple(reversed(
+        [*c[:top], (chain[top].file_name, chain[top].function_name), *c[top + 1:]]
+        if len(c) > top else c)))
+        for e, chain, c in zip(program.eqns, chains, lines, strict=True)]
+
+
+def _common_depth(chains: Sequence[tuple[tuple[str, int], ...]]) -> int:
+    """How many outermost frames all ``chains`` (outermost first) share, leaving each at
+    least one of its own."""
+    depth = 0
+    while chains and all(len(c) > depth + 1 and c[depth] == chains[0][depth] for c in chains):
+        depth += 1
+    return depth
 
 
 # Equations per token of :func:`layer_cuts` where single equations' source lines do not
@@ -132,16 +153,17 @@ def _layers(program: Program) -> tuple[list[int], int] | None:
     the tokens begin layers that hold one recurrence of most of the others each (code run
     twice per layer, a normalization's two reductions, does not qualify). Each recurs once
     per layer; the layers start at the recurrences of the one the fewest bytes cross
-    (:func:`crossing_bytes`), and the last ends as :func:`_last_layer_end` says.
+    (:func:`crossing_bytes`), and the last ends as :func:`_last_layer_end` says; but
+    where a block runs them several times (:func:`_rounds`), a layer is a call of it
+    (:func:`_calls`).
     Scans, and the slices of their inputs made for them, are regions of their own, not
     tokens.
     """
     eqns = program.eqns
     in_scans = {j for i, s in scan_input_slices(program).items()
                 for j in range(i - len(s), i + 1)}
-    is_user = _source.user_files()
-    tokens = [None if e.scan_body is not None or i in in_scans else _token(e, is_user)
-              for i, e in enumerate(eqns)]
+    tokens = [None if e.scan_body is not None or i in in_scans else t
+              for i, (e, t) in enumerate(zip(eqns, _tokens(program), strict=True))]
     crossing = crossing_bytes(program)
     for window in (1, _WINDOW):
         positions: dict[tuple[_Token, ...], list[int]] = collections.defaultdict(list)
@@ -156,8 +178,45 @@ def _layers(program: Program) -> tuple[list[int], int] | None:
                         key=lambda p: (int(crossing[p].sum()), p))
             end = _last_layer_end(tokens, phase,
                                   max(p[-1] for p in family.values()) + window)
+            rounds = _rounds(tokens, phase, end)
+            if rounds > 1:
+                return _calls(list(family.values()), rounds, window)
             return phase, end
     return None
+
+
+def _calls(family: list[list[int]], rounds: int, window: int) -> tuple[list[int], int]:
+    """Where the calls of a block that runs its code ``rounds`` times start, and where the
+    last ends, from the positions of the code's tokens (``family``, ``window`` equations
+    each): the first call where its code does, each other where the code of the call
+    before ends, so that the code between two calls (a pooling, an upsampling and a
+    concatenation) runs with the call that reads it and the bytes kept at a cut are the
+    call's output. Compiled for TPU v5e, the zoo's U-Net so holds less at its peak than
+    with cuts where the fewest bytes cross, or where the calls' code starts."""
+    calls = len(family[0]) // rounds
+    last = [max(p[(k + 1) * rounds - 1] for p in family) + window for k in range(calls)]
+    return [min(p[0] for p in family), *last[:-1]], last[-1]
+
+
+def _rounds(tokens: list[_Token | None], starts: list[int], end: int) -> int:
+    """How many of the layers that ``starts`` begin (the last ending at ``end``) each call
+    of a block runs (a double convolution's two rounds): the length of the runs they come
+    in, where the runs have one length and each after the first follows other code (a
+    pooling, an upsampling: tokens in at most half the layers); 1 otherwise."""
+    bounds = [*starts[1:], end]
+    layers_holding: dict[_Token, set[int]] = collections.defaultdict(set)
+    for k, (a, b) in enumerate(zip(starts, bounds, strict=True)):
+        for t in tokens[a:b]:
+            layers_holding[t].add(k)
+    runs, length = [], 0
+    for a, b in zip(starts, bounds, strict=True):
+        length += 1
+        if any(t is not None and 2 * len(layers_holding[t]) <= len(starts)
+               for t in tokens[a:b]):
+            runs.append(length)
+            length = 0
+    runs += [length] if length else []
+    return runs[0] if len(runs) >= 2 and len(set(runs)) == 1 else 1
 
 
 def _last_layer_end(tokens: list[_Token | None], starts: list[int], after_family: int

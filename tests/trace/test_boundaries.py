@@ -194,3 +194,15 @@ def test_the_layers_of_a_scanned_model_are_its_scan(name, scans):
     layers = _trace.layer_regions(program)
     assert [regions[k].kind for k in sorted(layers)] == ["scan"] * scans
     assert len(regions) > len(layers)  # the code around the loop stays as written
+
+
+def test_each_double_convolution_of_the_zoo_unet_is_a_layer():
+    """The U-Net's block runs convolution, group norm and SiLU twice, and is called from
+    the encoder's loop, the middle and the decoder's loop: one layer per call, not per
+    round, nor one per line of the loss that calls it."""
+    m = autoremat.zoo.get("unet-tiny")
+    program = _program(m.make_loss(), (m.param_shapes(), m.batch_shapes()))
+    regions = autoremat._program.split_regions(program, Placement(_trace.layer_cuts(program)))
+    convs = [sum(e.primitive.name == "conv_general_dilated" for e in r.eqns) for r in regions]
+    assert convs == [2, 2, 2, 2, 2, 1]  # 2 levels down, the middle, 2 up, the head
+    assert _trace.layer_regions(program) == {0, 1, 2, 3, 4}
