@@ -2,7 +2,7 @@
 
 ``dot_general`` costs ``2 * |out| * prod(contracting dims)``, a convolution
 ``2 * |out| * (kernel elements per output feature)``, elementwise ops and reductions one
-FLOP per element, and data movement (reshapes, broadcasts, slices, converts, ``unstack``)
+FLOP per element, and data movement (reshapes, broadcasts, slices, converts, ``stack``, ``unstack``)
 and random keys and bits (``random_bits``, ``random_split``, ``random_fold_in``,
 ``threefry2x32``: integer hashing) nothing. A
 scan costs ``length`` times its body, a ``cond`` its most expensive branch, a
@@ -38,7 +38,7 @@ _FREE = frozenset([
     "reduce_precision", "optimization_barrier", "device_put", "sharding_constraint", "split",
     "real", "imag", "complex", "empty", "zeros_like", "full_like", "pvary", "mesh_cast",
     "random_wrap", "random_unwrap", "random_seed", "random_bits", "random_split", "random_fold_in",
-    "threefry2x32", "unstack", "empty2", "debug_print", "debug_callback"])
+    "threefry2x32", "stack", "unstack", "empty2", "debug_print", "debug_callback"])
 
 _ELEMENTWISE = frozenset([
     "add", "add_any", "sub", "mul", "div", "neg", "abs", "sign", "floor", "ceil", "round", "max",
