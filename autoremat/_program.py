@@ -164,10 +164,6 @@ def flatten(closed: jax_core.ClosedJaxpr) -> Program:
         for eqn in jaxpr.eqns:
             ins = [read(v) for v in eqn.invars]
             name = eqn.primitive.name
-            if name == "scan" and unrolled_whole(eqn.params):
-                env.update(zip(eqn.outvars, _inlined_scan(eqn, ins, top, out, walk),
-                               strict=True))
-                continue
             if name in _INLINED:
                 sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
                 assert sub is not None  # every inlined call carries its jaxpr
@@ -360,49 +356,6 @@ def _live(eqns: Sequence[Eqn], outs: Sequence[Atom]) -> tuple[Eqn, ...]:
         kept.append(e)
         read.update(a for a in e.ins if isinstance(a, int))
     return tuple(reversed(kept))
-
-
-def unrolled_whole(params: Mapping[str, Any]) -> bool:
-    """Whether a scan with ``params`` is unrolled whole (``unroll`` at least its length,
-    penzai's ``LayerStack``): JAX lowers it to straight-line code, which the compiler
-    fuses and schedules as it does code written unrolled, so it is planned as such."""
-    return params["length"] >= 1 and params["unroll"] >= params["length"]
-
-
-def _inlined_scan(eqn: Any, ins: Sequence[Atom], top: bool, out: list[Eqn], walk: Callable
-                  ) -> list[Atom]:
-    """The outputs of scan ``eqn`` (read ``ins``) unrolled into ``out`` (see
-    :func:`unrolled_whole`): its body once per iteration, each scanned input sliced and
-    each scanned output stacked, these equations traced from the scan's source line."""
-    params, body = eqn.params, eqn.params["jaxpr"]
-    n_consts, n_carry, length = params["num_consts"], params["num_carry"], params["length"]
-    consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
-    x_avals = [v.aval for v in eqn.invars[n_consts + n_carry:]]
-    ys: list[list[Atom]] = [[] for _ in eqn.outvars[n_carry:]]
-    for i in reversed(range(length)) if params["reverse"] else range(length):
-        x_i = [_bound(lambda x, i=i: jax.lax.index_in_dim(x, i, keepdims=False), [x], [aval],
-                      eqn, top, out, walk)[0] for x, aval in zip(xs, x_avals, strict=True)]
-        outs = walk(body.jaxpr, body.consts, [*consts, *carry, *x_i], top, out)
-        carry = outs[:n_carry]
-        for y, stacked in zip(outs[n_carry:], ys, strict=True):
-            stacked.append(y)
-    y_avals = [v.aval for v in body.jaxpr.outvars[n_carry:]]
-    stack = lambda *y: jax.lax.concatenate(
-        [jax.lax.expand_dims(v, (0,)) for v in (y[::-1] if params["reverse"] else y)], 0)
-    return [*carry, *(_bound(stack, y, [aval] * length, eqn, top, out, walk)[0]
-                      for y, aval in zip(ys, y_avals, strict=True))]
-
-
-def _bound(fn: Callable, ins: Sequence[Atom], avals: Sequence[Any], eqn: Any, top: bool,
-           out: list[Eqn], walk: Callable) -> list[Atom]:
-    """``fn`` applied to ``ins`` (of ``avals``) in the program, its equations traced from
-    the source line of ``eqn``."""
-    closed = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type)
-                                   for a in avals))
-    start = len(out)
-    outs = walk(closed.jaxpr, closed.consts, ins, top, out)
-    out[start:] = [dataclasses.replace(e, source_info=eqn.source_info) for e in out[start:]]
-    return outs
 
 
 def _flatten_scan_body(eqn: Any, fresh: Callable, walk: Callable) -> ScanBody:
