@@ -104,6 +104,9 @@ class Region:
       sliced: a scan that slices its scanned inputs itself (a piece of a split scan), in a
         checkpoint around the loop that makes a loop-invariant value it recomputes once
         more than the loop's length.
+      unrolled: a scan JAX unrolls whole (``unroll`` at least its length: penzai's
+        ``LayerStack``). As written, it is straight-line code to the compiler, which
+        fuses its elementwise chains into the backward as in a segment.
     """
 
     index: int
@@ -117,6 +120,7 @@ class Region:
     kept_bytes: int = 0
     nest: int = -1
     sliced: bool = False
+    unrolled: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -249,13 +249,14 @@ def _fused_chains(graph: Graph, problem: ilp.Problem
     function as written, fuses the value into its readers, recomputing it from
     ``starts`` (the values its elementwise chain reads that are not fused so) through
     ``chain`` (the fused values between, itself included). Fused so: an elementwise or
-    data-movement value of a segment that may be recomputed, that no scan and no
-    convolution reads (:func:`autoremat._cost.reads_operands_whole`), that does not
+    data-movement value of a segment or of a scan unrolled whole
+    (:attr:`autoremat._graph.Region.unrolled`) that may be recomputed, that no other scan
+    and no convolution reads (:func:`autoremat._cost.reads_operands_whole`), that does not
     replay its segment's input barrier (:attr:`autoremat._graph.Value.replays_barrier`),
     and whose chain starts at saveable values; so :func:`as_written_masks` is a plan of
     the graph, and no least-peak plan is above it."""
     index = {v.id: k for k, v in enumerate(graph.values)}
-    segment = [r.kind == "segment" for r in graph.regions]
+    segment = [r.kind == "segment" or r.unrolled for r in graph.regions]
     read_whole = {index[u] for v in graph.values
                   if reads_operands_whole(v.primitive) or not segment[v.region]
                   for u in v.inputs}

@@ -26,8 +26,8 @@ so ``"feasible"``), and the budgets a third and two thirds of the way from them 
 with them. Written again when a block that runs its code twice (the U-Net's double
 convolution) is one layer per call (``_trace._boundaries._calls``): unet-tiny's floor fell
 10.1% (nested 4.5%), its budgets a third and two thirds of the way from it moved with it.
-The test checks the current code gives the same plans: the saved set, the placement, the predicted peak, the
-recompute and the solver's status.
+The test checks the current code gives the same plans: the saved set, the placement, the
+predicted peak, the recompute and the solver's status.
 Regenerate (only when a change of plans is intended) with ``python -m tests.test_golden``.
 """
 

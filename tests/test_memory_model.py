@@ -149,6 +149,31 @@ def test_as_written_elementwise_residuals_fuse_back_to_the_dots():
     assert written.peak_bytes < nothing.peak_bytes
 
 
+def _scanned_gelu_mlp(unroll):
+    def loss(ws, x):
+        x, _ = jax.lax.scan(lambda h, w: (jax.nn.gelu(h @ w), None), x, ws, unroll=unroll)
+        return jnp.mean(x.astype(jnp.float32) ** 2)
+
+    return loss
+
+
+def test_as_written_a_scan_unrolled_whole_fuses_as_straight_line_code():
+    """JAX lowers a scan unrolled whole (penzai's ``LayerStack``) to straight-line code,
+    whose GELUs XLA fuses into the backward as in a segment; a rolled loop keeps what JAX
+    saves per iteration."""
+    ws, x = _gelu_mlp_args(depth=6, batch=4096)
+    args = (jax.ShapeDtypeStruct((len(ws), *ws[0].shape), ws[0].dtype), x)
+    peaks = []
+    for unroll in (1, True):
+        graph = _graph(_scanned_gelu_mlp(unroll), args)
+        problem = _solve.problem_of(graph)
+        through, _, _ = _solve._fused_chains(graph, problem)
+        in_scan = np.array([graph.regions[v.region].kind == "scan" for v in graph.values])
+        assert (through & in_scan).any() == (unroll is True)
+        peaks.append(_solve.as_written(graph, problem).peak_bytes)
+    assert peaks[1] < peaks[0]
+
+
 def _conv_net(ws, x):
     for w in ws:
         x = jax.nn.relu(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME"))

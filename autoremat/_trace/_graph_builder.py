@@ -200,7 +200,8 @@ def _scan(build: _Build, r: Segment) -> tuple[Region, RegionAnswer]:
     work, cotangents = _scan_bytes(build, r)
     return Region(r.index, "scan", length, work, cotangents + build.in_flight[r.index],
                   build.grad_bytes[r.index], group=r.group, kept_bytes=_nest_scan(build, r),
-                  nest=r.index if r.group > 1 else -1, sliced=bool(slices)), answer
+                  nest=r.index if r.group > 1 else -1, sliced=bool(slices),
+                  unrolled=scan.params["unroll"] >= length), answer
 
 
 def _ask(build: _Build, r: Segment, checkpointed: Callable[[], Callable],
