@@ -63,20 +63,31 @@ def _tokens(program: Program) -> list[_Token]:
     chains = [tuple(reversed(list(_source.frames(e.source_info.traceback, is_user))))
               for e in program.eqns]
     lines = [tuple((f.file_name, f.start_line) for f in chain) for chain in chains]
-    top = _common_depth([c for c in lines if c])
+    outer = _outer_frames([c for c in lines if c])
+    top = len(outer)
     return [(e.primitive.name, tuple(reversed(
         [*c[:top], (chain[top].file_name, chain[top].function_name), *c[top + 1:]]
-        if len(c) > top else c)))
+        if outer and len(c) > top and c[:top] == outer else c)))
         for e, chain, c in zip(program.eqns, chains, lines, strict=True)]
 
 
-def _common_depth(chains: Sequence[tuple[tuple[str, int], ...]]) -> int:
-    """How many outermost frames all ``chains`` (outermost first) share, leaving each at
-    least one of its own."""
+def _outer_frames(chains: Sequence[tuple[tuple[str, int], ...]]
+                  ) -> tuple[tuple[str, int], ...]:
+    """The outermost frames that the ``chains`` (outermost first) from the outermost
+    frame of most of them (the wrapper that calls the traced function) share, leaving
+    each at least one of its own; none where no frame is outermost in most. JAX traces
+    the equations of a ``jax.checkpoint`` with the checkpointed function's frames alone,
+    so a function with its layers in checkpoints has none (as before the traced
+    function's frame was found)."""
+    roots = collections.Counter(c[0] for c in chains)
+    root, count = roots.most_common(1)[0] if roots else (None, 0)
+    if 2 * count <= len(chains):
+        return ()
+    rooted = [c for c in chains if c[0] == root]
     depth = 0
-    while chains and all(len(c) > depth + 1 and c[depth] == chains[0][depth] for c in chains):
+    while rooted and all(len(c) > depth + 1 and c[depth] == rooted[0][depth] for c in rooted):
         depth += 1
-    return depth
+    return rooted[0][:depth] if rooted else ()
 
 
 # Equations per token of :func:`layer_cuts` where single equations' source lines do not
@@ -207,7 +218,8 @@ def _rounds(tokens: list[_Token | None], starts: list[int], end: int) -> int:
     layers_holding: dict[_Token, set[int]] = collections.defaultdict(set)
     for k, (a, b) in enumerate(zip(starts, bounds, strict=True)):
         for t in tokens[a:b]:
-            layers_holding[t].add(k)
+            if t is not None:
+                layers_holding[t].add(k)
     runs, length = [], 0
     for a, b in zip(starts, bounds, strict=True):
         length += 1
