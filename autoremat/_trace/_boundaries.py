@@ -77,8 +77,8 @@ def _outer_frames(chains: Sequence[tuple[tuple[str, int], ...]]
     frame of most of them (the wrapper that calls the traced function) share, leaving
     each at least one of its own; none where no frame is outermost in most. JAX traces
     the equations of a ``jax.checkpoint`` with the checkpointed function's frames alone,
-    so a function with its layers in checkpoints has none (as before the traced
-    function's frame was found)."""
+    so where the layers are in checkpoints already there are none, and every line is
+    kept."""
     roots = collections.Counter(c[0] for c in chains)
     root, count = roots.most_common(1)[0] if roots else (None, 0)
     if 2 * count <= len(chains):
