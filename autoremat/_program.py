@@ -613,7 +613,7 @@ def _run_scan(eqn: Eqn, invals: list, consts: Mapping[int, Any], named: frozense
         # early, every iteration's at once (penzai's LayerStack: its floor plan compiled
         # at the hand remat's peak, far above the model's): it runs rolled.
         step = jax.checkpoint(step, policy=policy, prevent_cse=p["length"] == 1)
-        unroll = 1 if unroll >= p["length"] else unroll
+        unroll = 1 if unrolled_whole(p) else unroll
     carry, ys = jax.lax.scan(step, init, xs, length=p["length"], reverse=p["reverse"],
                              unroll=unroll)
     return [*carry, *ys]
@@ -659,6 +659,13 @@ def _run_shard_map(eqn: Eqn, invals: list, consts: Mapping[int, Any],
                            out_specs=p["out_specs"], axis_names=p["newly_manual_axes"],
                            check_vma=p["check_vma"])
     return list(mapped(*invals))
+
+
+def unrolled_whole(params: Mapping[str, Any]) -> bool:
+    """Whether a scan with ``params`` is unrolled whole (``unroll`` at least its length:
+    penzai's ``LayerStack``, a piece of one iteration): JAX lowers it to straight-line
+    code."""
+    return params["unroll"] >= params["length"]
 
 
 def has_input_barrier(region: Segment) -> bool:

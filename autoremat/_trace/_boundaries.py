@@ -85,9 +85,9 @@ def _outer_frames(chains: Sequence[tuple[tuple[str, int], ...]]
         return ()
     rooted = [c for c in chains if c[0] == root]
     depth = 0
-    while rooted and all(len(c) > depth + 1 and c[depth] == rooted[0][depth] for c in rooted):
+    while all(len(c) > depth + 1 and c[depth] == rooted[0][depth] for c in rooted):
         depth += 1
-    return rooted[0][:depth] if rooted else ()
+    return rooted[0][:depth]
 
 
 # Equations per token of :func:`layer_cuts` where single equations' source lines do not

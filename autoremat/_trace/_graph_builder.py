@@ -201,7 +201,7 @@ def _scan(build: _Build, r: Segment) -> tuple[Region, RegionAnswer]:
     return Region(r.index, "scan", length, work, cotangents + build.in_flight[r.index],
                   build.grad_bytes[r.index], group=r.group, kept_bytes=_nest_scan(build, r),
                   nest=r.index if r.group > 1 else -1, sliced=bool(slices),
-                  unrolled=scan.params["unroll"] >= length), answer
+                  unrolled=_program.unrolled_whole(scan.params)), answer
 
 
 def _ask(build: _Build, r: Segment, checkpointed: Callable[[], Callable],
