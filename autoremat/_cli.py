@@ -36,8 +36,9 @@ from autoremat._report import format_report
 
 _BUDGET_HELP = ("Peak bytes of the training step: '8GiB', 8000000000, or 0.4 (fraction of "
                 "the no-remat activation memory).")
-_LAYOUT_HELP = ("How planning counts a value's bytes: 'dense' (its data) or 'tpu' (its "
-                "tiled TPU layout, minor dimension padded to 128).")
+_LAYOUT_HELP = ("How planning counts a value's bytes: 'dense' (its data), 'tpu' (its "
+                "tiled TPU layout, feature dimension minor, padded to 128) or 'tiled' (the "
+                "TPU tiles of its least padded layout).")
 _PROGRESS_HELP = ("Show the solver's best plan, bound and gap while it runs: on a terminal by "
                   "default, as lines of text elsewhere with --progress.")
 

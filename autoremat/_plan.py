@@ -52,7 +52,8 @@ class Plan:
       offload_flops: the modelled cost of their transfers, as FLOPs at the target's peak
         rate (see :class:`autoremat.OffloadConfig`).
       offload: the offload configuration the plan was made with (``None``: no offload).
-      layout: how its bytes are counted: ``"dense"`` or ``"tpu"`` (see :func:`plan`).
+      layout: how its bytes are counted: ``"dense"``, ``"tpu"`` or ``"tiled"`` (see
+        :func:`plan`).
       no_remat: the plan recomputes nothing and runs the function as written: :meth:`apply`
         adds no checkpoint (whose barriers cost the compiler's fusion), ``saved_bytes`` are
         the residuals JAX keeps for the function itself and ``recompute_flops`` is 0.

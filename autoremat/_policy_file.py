@@ -23,7 +23,7 @@ Format (version 2; :data:`SCHEMA` is the JSON Schema)::
      "program": {"fingerprint", "arg_bytes", "grad_bytes",
                  "placement": {"cuts", "scan_pieces", "scan_groups", "segment_group"}
                               (autoremat.Placement, absent fields at their defaults),
-                 "layout": "dense" or "tpu",
+                 "layout": "dense", "tpu" or "tiled",
                  "regions": [{"kind", "length", "values"}, ...]},
      "offload": null or {"host_budget", "target", "overlap", "host_bandwidth",
                  "peak_flops", "regions", "scan_buffers"} (autoremat.OffloadConfig),

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from autoremat._plan import Plan
     from autoremat._policy_file import PolicyFile
 
+_LAYOUT_NAMES = {"tpu": "the tiled TPU layout", "tiled": "the least padded TPU tiles"}
 
 @dataclasses.dataclass(frozen=True)
 class _Totals:
@@ -101,8 +102,8 @@ def _format(t: _Totals, decisions: Sequence[Decision], max_rows: int) -> str:
         *([f"                  (modelled {_over(t)} over the budget: within the model's "
            "error on the function as written, where plans this near no remat compile "
            "higher)"] if t.no_remat and t.peak_bytes > t.budget_bytes else []),
-        *([f"layout            {t.layout} (bytes of the tiled TPU layout)"]
-          if t.layout == "tpu" else []),
+        *([f"layout            {t.layout} (bytes of {_LAYOUT_NAMES[t.layout]})"]
+          if t.layout != "dense" else []),
         "",
     ]
     return "\n".join(lines + _decision_table(decisions, max_rows))

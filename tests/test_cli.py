@@ -128,12 +128,13 @@ def test_plan_a_zoo_model(tmp_path):
     assert (tmp_path / "mlp.json").exists()
 
 
-def test_plan_in_the_tpu_layout(tmp_path):
+@pytest.mark.parametrize("layout", ["tpu", "tiled"])
+def test_plan_in_a_tpu_layout(tmp_path, layout):
     result = _run("plan", "--model", "mlp-tiny", "--budget", "1.0", "--out", "mlp.json",
-                  "--rows", "0", "--layout", "tpu", cwd=tmp_path)
+                  "--rows", "0", "--layout", layout, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "layout            tpu" in result.stdout
-    assert autoremat.PolicyFile.read(tmp_path / "mlp.json").layout == "tpu"
+    assert f"layout            {layout} (bytes of the " in result.stdout
+    assert autoremat.PolicyFile.read(tmp_path / "mlp.json").layout == layout
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,

@@ -122,7 +122,10 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         least 512 bytes (see :mod:`autoremat._layout`). It is a property of the target,
         not of the program: on TPU v5e 64-channel convolution activations take twice
         their data. Its effect on the model's error is measured in
-        ``bench/results/accuracy-tpu.md`` (``bench/accuracy.py``).
+        ``bench/results/accuracy-tpu.md`` (``bench/accuracy.py``). ``"tiled"``: the TPU
+        tiles of the layout that pads it least, the padding no layout avoids: the model of
+        a CNN's remat plans with few channels, measured against ``"dense"`` in
+        ``bench/results/accuracy-layouts.md``.
       nested_scans: also consider each forward top-level scan nested: run as groups of
         about sqrt(length) iterations, each group in a checkpoint that keeps only its
         carry, the backward running a group's forward again (Chen et al. 2016,

@@ -40,7 +40,7 @@ class PlanOptions:
       progress: ``progress(elapsed_s, best, bound)``, called while the solver searches.
       op_times: measured operation times (:func:`autoremat.measure_op_times`), or
         ``None`` to cost recompute in FLOPs.
-      layout: ``"dense"`` or ``"tpu"``: how a value's bytes are counted.
+      layout: ``"dense"``, ``"tpu"`` or ``"tiled"``: how a value's bytes are counted.
       nested_scans, nested_segments: also consider nested scans, nested segments.
 
     Example:
@@ -50,9 +50,10 @@ class PlanOptions:
       4
 
     Raises:
-      ValueError: an option is out of range (``layout`` not ``"dense"`` or ``"tpu"``, a
-        backend not one of :data:`BACKENDS`, ``verify_rounds`` below 1, ``refine_rounds``
-        below 0, a time limit or a node limit not positive).
+      ValueError: an option is out of range (``layout`` not one of
+        :data:`autoremat._layout.LAYOUTS`, a backend not one of :data:`BACKENDS`,
+        ``verify_rounds`` below 1, ``refine_rounds`` below 0, a time limit or a node limit
+        not positive).
     """
 
     time_limit_s: float = 60.0
