@@ -186,7 +186,7 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
     # On the compiler, budgets run from the floor plan's real peak.
     low = max(floor, rows[-1].real_peak_bytes or floor)
     top = (base.peak_bytes if base is not None else plan_with(
-        loss, args, {}, 1.0, PlanOptions(layout=options.layout)).peak_bytes)
+        loss, args, {}, 1.0, PlanOptions(layout=options.resolved_layout)).peak_bytes)
     for budget in budgets_between(low, max(top, low), num_budgets):
         row = Row("autoremat", format_bytes(budget), budget_bytes=budget)
         start = time.perf_counter()

@@ -37,8 +37,9 @@ from autoremat._report import format_report
 _BUDGET_HELP = ("Peak bytes of the training step: '8GiB', 8000000000, or 0.4 (fraction of "
                 "the no-remat activation memory).")
 _LAYOUT_HELP = ("How planning counts a value's bytes: 'dense' (its data), 'tpu' (its "
-                "tiled TPU layout, feature dimension minor, padded to 128) or 'tiled' (the "
-                "TPU tiles of its least padded layout).")
+                "tiled TPU layout, feature dimension minor, padded to 128), 'tiled' (the "
+                "TPU tiles of its least padded layout), or 'auto': 'tiled' where the "
+                "closed loop compiles for a TPU, else 'dense'.")
 _PROGRESS_HELP = ("Show the solver's best plan, bound and gap while it runs: on a terminal by "
                   "default, as lines of text elsewhere with --progress.")
 
@@ -228,7 +229,8 @@ _PLAN_OPTIONS = (
     click.option("--refine-rounds", type=click.IntRange(min=0), default=0, show_default=True,
                  help="With the closed loop, compiles it may spend on cheaper plans once "
                       "one fits."),
-    click.option("--layout", type=click.Choice(LAYOUTS), default="dense", show_default=True,
+    click.option("--layout", type=click.Choice([*LAYOUTS, "auto"]), default="auto",
+                 show_default=True,
                  help=_LAYOUT_HELP),
     click.option("--nested-scans", is_flag=True,
                  help="Also consider scans nested in groups of about sqrt(length) iterations "

@@ -63,6 +63,13 @@ _MIN_BYTES = 512
 _SPLIT_LANES = 4 * _LANES
 
 
+def of_target(target: str | None) -> Layout:
+    """The layout planning counts in for the compiler ``target`` (``verify``'s): ``"tiled"``
+    for a TPU, ``"dense"`` otherwise (a GPU stores arrays unpadded, and without a target
+    nothing is known of one)."""
+    return "tiled" if target is not None and target.startswith("tpu") else "dense"
+
+
 def check(layout: object) -> Layout:
     """``layout`` if it is one of :data:`LAYOUTS`.
 

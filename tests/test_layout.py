@@ -128,7 +128,7 @@ def test_tpu_plan_fits_its_budget_under_the_model_and_is_deterministic():
 ])
 def test_bad_layout_names_the_accepted_values(call):
     with pytest.raises(ValueError,
-                       match="layout must be one of 'dense', 'tpu', 'tiled'; got 'packed'"):
+                       match="layout must be one of 'dense', 'tpu', 'tiled', 'auto'; got 'packed'"):
         call()
 
 

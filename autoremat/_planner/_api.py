@@ -13,7 +13,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 from autoremat_ilp import Progress
@@ -43,7 +43,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
          verify: str | None = AUTO, verify_rounds: int = 4, refine_rounds: int = 0,
          offload: OffloadConfig | None = None,
          progress: Progress | None = None, op_times: OpTimes | None = None,
-         layout: Layout = "dense", nested_scans: bool = False, nested_segments: bool = False,
+         layout: Layout | Literal["auto"] = AUTO, nested_scans: bool = False,
+         nested_segments: bool = False,
          **kwargs: Any) -> Plan:
     """Plans remat for ``fn(*args, **kwargs)`` under ``budget``.
 
@@ -116,8 +117,9 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         then minimizes recompute time, materializing operations costed by their measured
         time and fused elementwise ones by their FLOPs. ``None`` (default): FLOPs.
         ``Plan.recompute_flops`` counts FLOPs either way.
-      layout: how a value's bytes are counted. ``"dense"`` (default): its data, elements
-        times item size. ``"tpu"``: its tiled TPU layout, the minor dimension padded to a
+      layout: how a value's bytes are counted. ``"auto"`` (default): ``"tiled"`` where
+        ``verify`` names a TPU, else ``"dense"``. ``"dense"``: its data, elements times
+        item size. ``"tpu"``: its tiled TPU layout, the minor dimension padded to a
         multiple of 128 and the second-minor to a multiple of up to 8, every array at
         least 512 bytes (see :mod:`autoremat._layout`). It is a property of the target,
         not of the program: on TPU v5e 64-channel convolution activations take twice

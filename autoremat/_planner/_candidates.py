@@ -47,7 +47,7 @@ def candidates(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct], options
     :func:`autoremat._trace.candidate_cuts` with scans whole, then with scans split into
     pieces (:func:`autoremat._program.scan_pieces_of`), then, as ``options`` ask, scans
     nested, and segments nested at the finest cuts and at the layers."""
-    program = _trace.trace_program(flat_fn, avals, layout=options.layout)
+    program = _trace.trace_program(flat_fn, avals, layout=options.resolved_layout)
     programs = [program]
     if any(pieces := _program.scan_pieces_of(program)):
         programs.append(_trace.split_program(program, avals, pieces))

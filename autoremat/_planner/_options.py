@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from autoremat_ilp import Progress
 
@@ -40,7 +41,9 @@ class PlanOptions:
       progress: ``progress(elapsed_s, best, bound)``, called while the solver searches.
       op_times: measured operation times (:func:`autoremat.measure_op_times`), or
         ``None`` to cost recompute in FLOPs.
-      layout: ``"dense"``, ``"tpu"`` or ``"tiled"``: how a value's bytes are counted.
+      layout: ``"dense"``, ``"tpu"`` or ``"tiled"``: how a value's bytes are counted;
+        ``"auto"`` (default): the layout of the ``verify`` target
+        (:attr:`resolved_layout`: ``"tiled"`` for a TPU, else ``"dense"``).
       nested_scans, nested_segments: also consider nested scans, nested segments.
 
     Example:
@@ -65,12 +68,14 @@ class PlanOptions:
     offload: OffloadConfig | None = None
     progress: Progress | None = dataclasses.field(default=None, compare=False)
     op_times: OpTimes | None = None
-    layout: Layout = "dense"
+    layout: Layout | Literal["auto"] = AUTO
     nested_scans: bool = False
     nested_segments: bool = False
 
     def __post_init__(self) -> None:
-        _layout.check(self.layout)
+        if self.layout != AUTO and self.layout not in _layout.LAYOUTS:
+            accepted = ", ".join(map(repr, (*_layout.LAYOUTS, AUTO)))
+            raise ValueError(f"layout must be one of {accepted}; got {self.layout!r}")
         if not self.time_limit_s > 0:
             raise ValueError(f"time_limit_s must be positive, not {self.time_limit_s!r}.")
         if self.node_limit is not None and not self.node_limit >= 1:
@@ -85,3 +90,8 @@ class PlanOptions:
         object.__setattr__(self, "backends", tuple(self.backends))
         if self.verify == AUTO:
             object.__setattr__(self, "verify", _measure.local_target())
+    @property
+    def resolved_layout(self) -> Layout:
+        """The layout values are counted in: ``layout``, or for ``"auto"`` that of the
+        ``verify`` target (also after ``dataclasses.replace`` gives another target)."""
+        return _layout.of_target(self.verify) if self.layout == AUTO else self.layout
