@@ -132,14 +132,15 @@ def test_bad_layout_names_the_accepted_values(call):
         call()
 
 
-def test_policy_file_keeps_the_layout(tmp_path):
-    p = autoremat.plan(_deep_loss, W, X, budget=0.8, layout="tpu")
+@pytest.mark.parametrize("layout", ["tpu", "tiled"])
+def test_policy_file_keeps_the_layout(tmp_path, layout):
+    p = autoremat.plan(_deep_loss, W, X, budget=0.8, layout=layout)
     p.save(tmp_path / "plan.json")
     loaded = autoremat.load_plan(tmp_path / "plan.json", _deep_loss, W, X)
-    assert loaded.layout == "tpu" and loaded.peak_bytes == p.peak_bytes
+    assert loaded.layout == layout and loaded.peak_bytes == p.peak_bytes
     _, differences = PolicyFile.read(tmp_path / "plan.json").locate(
         _graph(_deep_loss, W, X, layout="dense", placement=p.placement))
-    assert "layout: tpu in the file, dense in the function's trace" in differences
+    assert f"layout: {layout} in the file, dense in the function's trace" in differences
 
 
 @needs_libtpu
