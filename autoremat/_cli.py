@@ -28,9 +28,8 @@ import autoremat
 from autoremat import _benchmark, _plots, zoo
 from autoremat._budget import parse_budget
 from autoremat._errors import AutorematError, CompilerUnavailableError, PolicyFileError
-from autoremat._layout import LAYOUTS
 from autoremat._planner import PlanOptions, plan_with
-from autoremat._planner._options import NODE_LIMIT
+from autoremat._planner._options import AUTO, LAYOUT_CHOICES, NODE_LIMIT
 from autoremat._policy_file import PolicyFile
 from autoremat._report import format_report
 
@@ -229,7 +228,7 @@ _PLAN_OPTIONS = (
     click.option("--refine-rounds", type=click.IntRange(min=0), default=0, show_default=True,
                  help="With the closed loop, compiles it may spend on cheaper plans once "
                       "one fits."),
-    click.option("--layout", type=click.Choice([*LAYOUTS, "auto"]), default="auto",
+    click.option("--layout", type=click.Choice(LAYOUT_CHOICES), default=AUTO,
                  show_default=True,
                  help=_LAYOUT_HELP),
     click.option("--nested-scans", is_flag=True,

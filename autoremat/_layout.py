@@ -70,16 +70,15 @@ def of_target(target: str | None) -> Layout:
     return "tiled" if target is not None and target.startswith("tpu") else "dense"
 
 
-def check(layout: object) -> Layout:
-    """``layout`` if it is one of :data:`LAYOUTS`.
+def check(layout: object, accepted: tuple[str, ...] = LAYOUTS) -> None:
+    """Whether ``layout`` is one of ``accepted`` (:data:`LAYOUTS` by default).
 
     Raises:
       ValueError: it is not; the message names the accepted values.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(map(repr, LAYOUTS))}; "
+    if layout not in accepted:
+        raise ValueError(f"layout must be one of {', '.join(map(repr, accepted))}; "
                          f"got {layout!r}")
-    return layout  # type: ignore[return-value]
 
 
 def array_bytes(shape: Sequence[int], itemsize: int, layout: Layout, *,

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 _LAYOUT_NAMES = {"tpu": "the tiled TPU layout", "tiled": "the least padded TPU tiles"}
 
+
 @dataclasses.dataclass(frozen=True)
 class _Totals:
     """What the report's head states, whether read from a plan or from its file."""

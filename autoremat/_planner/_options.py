@@ -17,6 +17,8 @@ BACKENDS = ("HIGHS", "SCIP", "CBC")
 AUTO = "auto"
 #: ``node_limit``'s default: branch-and-bound nodes per solve (see ``plan``).
 NODE_LIMIT = 1000
+#: ``layout``'s accepted values: a layout, or ``"auto"``, that of the ``verify`` target.
+LAYOUT_CHOICES = (*_layout.LAYOUTS, AUTO)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +56,7 @@ class PlanOptions:
 
     Raises:
       ValueError: an option is out of range (``layout`` not one of
-        :data:`autoremat._layout.LAYOUTS`, a backend not one of :data:`BACKENDS`,
+        :data:`LAYOUT_CHOICES`, a backend not one of :data:`BACKENDS`,
         ``verify_rounds`` below 1, ``refine_rounds`` below 0, a time limit or a node limit
         not positive).
     """
@@ -73,9 +75,7 @@ class PlanOptions:
     nested_segments: bool = False
 
     def __post_init__(self) -> None:
-        if self.layout != AUTO and self.layout not in _layout.LAYOUTS:
-            accepted = ", ".join(map(repr, (*_layout.LAYOUTS, AUTO)))
-            raise ValueError(f"layout must be one of {accepted}; got {self.layout!r}")
+        _layout.check(self.layout, LAYOUT_CHOICES)
         if not self.time_limit_s > 0:
             raise ValueError(f"time_limit_s must be positive, not {self.time_limit_s!r}.")
         if self.node_limit is not None and not self.node_limit >= 1:
@@ -90,6 +90,7 @@ class PlanOptions:
         object.__setattr__(self, "backends", tuple(self.backends))
         if self.verify == AUTO:
             object.__setattr__(self, "verify", _measure.local_target())
+
     @property
     def resolved_layout(self) -> Layout:
         """The layout values are counted in: ``layout``, or for ``"auto"`` that of the

@@ -29,7 +29,7 @@ def trace_program(flat_fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
     Raises:
       ValueError: ``layout`` is not one of :data:`autoremat._layout.LAYOUTS`.
     """
-    layout = _layout.check(layout)
+    _layout.check(layout)
     program = _program.flatten(jax.make_jaxpr(flat_fn)(*avals))
     check_effects(program.eqns)
     return split_program(dataclasses.replace(program, layout=layout), avals, scan_pieces)
