@@ -135,7 +135,8 @@ def main() -> None:
     print(output_sharing())
     live, lines = peak_buffers(args.top)
     # The compiler's peak counts the temporaries live at once, not the heap they are
-    # packed in: arguments + outputs + live temporaries is its peak.
+    # packed in: arguments + outputs + live temporaries is its peak, but for values one
+    # instruction hands to the next, which the live ranges count twice.
     print(f"arguments + outputs + live temporaries: "
           f"{(real.argument_bytes + real.output_bytes + live) / 2**20:.1f} MiB")
     print("\n".join(lines))
