@@ -16,7 +16,7 @@ import json
 import pathlib
 
 import autoremat
-from autoremat import zoo
+from autoremat import _measure, zoo
 from autoremat._benchmark import floor_bytes, versions
 from autoremat._layout import LAYOUTS
 
@@ -41,6 +41,26 @@ def measure(model: str, target: str, time_limit_s: float, layout: str) -> list[d
         print(f"{model} budget {budget / 2**20:.0f} MiB: predicted {p.peak_bytes / 2**20:.0f} "
               f"MiB, compiler {real / 2**20:.0f} MiB, error {rows[-1]['error']:+.1%}", flush=True)
     return rows
+
+
+def floor_and_thirds(name: str, **options) -> list[tuple[str, autoremat.Plan, int]]:
+    """``(point, plan, compiler peak bytes)`` of the zoo or corpus model ``name`` planned
+    without the closed loop at ``budget="floor"`` and 1/3 and 2/3 of the way from that plan's
+    peak to the no-remat peak, each with ``options`` (``plan``'s keywords); compiled for
+    TPU v5e. The evidence scripts under ``bench/results/`` compare the model with it."""
+    from bench import corpus
+
+    m = corpus.CORPUS.get(name) or zoo.get(name)
+    loss, args = m.make_loss(), (m.param_shapes(), m.batch_shapes())
+    floor = autoremat.plan(loss, *args, budget="floor", **options)
+    top = floor.no_remat_peak_bytes
+    points = [("floor", floor)]
+    for frac in (1 / 3, 2 / 3):
+        budget = int(floor.peak_bytes + frac * (top - floor.peak_bytes))
+        points.append((f"{frac:.2f}", autoremat.plan(loss, *args, budget=budget, **options)))
+    return [(point, p, autoremat.measure_step(p.apply(loss), *args, target="tpu-v5e",
+                                              argnums=_measure.float_argnums(args)).peak_bytes)
+            for point, p in points]
 
 
 def main() -> None:

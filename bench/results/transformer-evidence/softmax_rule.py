@@ -11,10 +11,9 @@ import sys
 
 import numpy as np
 
-import autoremat
-from autoremat import _measure, _solve, zoo
+from autoremat import _solve
 from autoremat._cost import _REDUCTIONS
-from bench import corpus
+from bench.accuracy import floor_and_thirds
 
 DOTS = {"dot_general", "conv_general_dilated"}
 _problem_of = _solve.problem_of
@@ -46,18 +45,7 @@ rule = sys.argv[1]
 if rule == "on":
     _solve.problem_of = with_rule
 for name in sys.argv[2:]:
-    m = corpus.CORPUS.get(name) or zoo.get(name)
-    loss, args = m.make_loss(), (m.param_shapes(), m.batch_shapes())
-    floor = autoremat.plan(loss, *args, budget="floor", time_limit_s=30)
-    top = floor.no_remat_peak_bytes
-    points = [("floor", floor)]
-    for frac in (1 / 3, 2 / 3):
-        budget = int(floor.peak_bytes + frac * (top - floor.peak_bytes))
-        points.append((f"{frac:.2f}", autoremat.plan(loss, *args, budget=budget,
-                                                      time_limit_s=30)))
-    for point, p in points:
-        real = autoremat.measure_step(p.apply(loss), *args, target="tpu-v5e",
-                                      argnums=_measure.float_argnums(args)).peak_bytes
+    for point, p, real in floor_and_thirds(name, time_limit_s=30):
         print(json.dumps({"model": name, "rule": rule, "point": point,
                           "budget": p.budget_bytes, "pred": round(p.peak_bytes / 2**20, 1),
                           "real": round(real / 2**20, 1),
