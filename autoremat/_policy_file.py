@@ -239,7 +239,7 @@ class PolicyFile:
         graph = plan.graph
         counts = np.bincount(graph.array("region"), minlength=len(graph.regions))
         return cls(
-            autoremat_version=importlib.metadata.version("autoremat"),
+            autoremat_version=_versions()[0],
             jax_version=jax.__version__, objective=OBJECTIVE, target=plan.verify_target,
             verified_peak_bytes=plan.verified_peak_bytes,
             budget_bytes=plan.budget_bytes, peak_bytes=plan.peak_bytes,
@@ -413,7 +413,12 @@ def _dumps(obj: Any, indent: str = "") -> str:
 
 
 def _versions() -> tuple[str, str]:
-    return importlib.metadata.version("autoremat"), jax.__version__
+    """This autoremat's and jax's versions; autoremat's is ``"unknown"`` where it runs from
+    a source tree that was never installed."""
+    try:
+        return importlib.metadata.version("autoremat"), jax.__version__
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown", jax.__version__
 
 
 def _field(path: Sequence[str | int]) -> str:

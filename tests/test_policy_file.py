@@ -115,6 +115,33 @@ def test_verified_target_is_kept(saved, tmp_path):
     assert "verified on tpu-v5e" in verified.report()
 
 
+def test_verified_plan_modelled_over_its_budget_loads(saved, tmp_path):
+    # The closed loop keeps a plan the compiler fits whatever the model predicts.
+    loss, args, plan, _ = saved("mlp")
+    verified = dataclasses.replace(plan, budget_bytes=plan.peak_bytes - 1024,
+                                   verified_peak_bytes=plan.peak_bytes - 2048,
+                                   verify_target="tpu-v5e")
+    verified.save(tmp_path / "verified.json")
+    assert autoremat.load_plan(tmp_path / "verified.json", loss, *args) == verified
+    unverified = dataclasses.replace(verified, verified_peak_bytes=None, verify_target=None)
+    unverified.save(tmp_path / "unverified.json")
+    with pytest.raises(autoremat.PolicyMismatchError, match="over the file's budget"):
+        autoremat.load_plan(tmp_path / "unverified.json", loss, *args)
+
+
+def test_source_tree_never_installed_saves_and_loads(saved, tmp_path, monkeypatch):
+    import importlib.metadata
+
+    def version(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    loss, args, plan, _ = saved("mlp")
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    plan.save(tmp_path / "plan.json")
+    assert json.loads((tmp_path / "plan.json").read_text())["producer"]["autoremat"] == "unknown"
+    assert autoremat.load_plan(tmp_path / "plan.json", loss, *args) == plan
+
+
 def test_file_round_trips_and_follows_the_schema(saved):
     _, _, plan, path = saved("gpt2_unrolled")
     policy = autoremat.PolicyFile.read(path)
