@@ -107,6 +107,7 @@ def compiled_step(fn: Callable, params: Any, batch: Any) -> tuple[Any, int]:
     argnums = _measure.float_argnums((params, batch))
     compiled = jax.jit(jax.grad(fn, argnums)).lower(params, batch).compile()
     memory = compiled.memory_analysis()
+    assert memory is not None  # the TPU compiler reports it
     return compiled, int(memory.peak_memory_in_bytes)
 
 
