@@ -8,8 +8,12 @@ stay in HBM; without it large programs spend minutes in code generation and repo
 temporaries) and a huge ``xla_tpu_rematerialization_min_size_in_bytes`` (the compiler's
 own remat is off, so what is measured is the program's remat policy). A step sharded over
 a mesh, by its arguments or by constraints inside it over this process's devices, is
-compiled over the same mesh rebuilt on TPU devices. The ``"gpu"`` target compiles for this
-process's own GPU.
+compiled over the same mesh rebuilt on TPU devices.
+
+The ``"tpu"`` and ``"gpu"`` targets compile for this process's own device with JAX's
+default options: the compile the user's ``jax.jit`` of the step gets, and ``verify``'s
+default on such a machine (:func:`local_target`). On a TPU its figures differ from the
+ahead-of-time ones, whose options differ (``bench/results/on-chip-tpu-v5e/``).
 
 Process-level caveats of the TPU targets:
 
@@ -54,12 +58,9 @@ TPU_TOPOLOGIES = {
     "tpu-v5p": "v5p:2x2x1",
     "tpu-v6e": "v6e:2x2",
 }
-TARGETS = (*TPU_TOPOLOGIES, "gpu")
-
-# The TPU target of each device kind JAX reports.
-_TPU_KINDS = {"TPU v4": "tpu-v4", "TPU v5 lite": "tpu-v5e", "TPU v5e": "tpu-v5e",
-              "TPU v5": "tpu-v5p", "TPU v5p": "tpu-v5p", "TPU v6 lite": "tpu-v6e",
-              "TPU v6e": "tpu-v6e"}
+#: Targets that compile for this process's own device, with JAX's default options.
+LOCAL_TARGETS = ("tpu", "gpu")
+TARGETS = (*TPU_TOPOLOGIES, *LOCAL_TARGETS)
 
 _TPU_OPTIONS = {
     "xla_msa_enable": "false",
@@ -138,7 +139,7 @@ def measure_step(fn: Callable, *args: Any, target: str = "tpu-v5e",
     Raises:
       ValueError: ``target`` is unknown.
       CompilerUnavailableError: ``libtpu`` is not installed (TPU targets), or the process
-        has no GPU (``"gpu"``).
+        has no device of a :data:`LOCAL_TARGETS` target.
 
     Example (needs ``pip install "autoremat[tpu]"``):
       >>> import jax, jax.numpy as jnp, autoremat
@@ -157,9 +158,9 @@ def local_target() -> str | None:
     (``"auto"``, see :func:`autoremat.plan`).
 
     Returns:
-      ``"gpu"`` on a GPU; the target of its TPU generation (:data:`TPU_TOPOLOGIES`) on a
-      TPU; ``None`` on a CPU (or a TPU of another generation), where no compiler of the
-      step's own device reports its memory.
+      ``"gpu"`` on a GPU and ``"tpu"`` on a TPU (:data:`LOCAL_TARGETS`: the device's own
+      compile, as the user's ``jax.jit`` runs it); ``None`` on a CPU, where no compiler of
+      the step's own device reports its memory.
 
     Example:
       >>> import jax, autoremat
@@ -167,11 +168,7 @@ def local_target() -> str | None:
       True
     """
     backend = jax.default_backend()
-    if backend == "gpu":
-        return "gpu"
-    if backend == "tpu":
-        return _TPU_KINDS.get(jax.devices()[0].device_kind)
-    return None
+    return backend if backend in LOCAL_TARGETS else None
 
 
 def float_argnums(args: Sequence[Any]) -> tuple[int, ...]:
@@ -327,10 +324,13 @@ def _chips(target: str, device: jax.Device,  # pyright: ignore[reportInvalidType
     of a topology of ``n`` chips (:func:`sharded_topology`)."""
     if n == 1:
         return [device]
-    if target not in TPU_TOPOLOGIES:
-        raise UnsupportedProgramError(
-            f"target {target!r} compiles for one device and the step is sharded over {n}: "
-            f"measure it on a TPU target, one of {sorted(TPU_TOPOLOGIES)}")
+    if target in LOCAL_TARGETS:
+        if n > len(jax.devices(target)):
+            raise UnsupportedProgramError(
+                f"the step is sharded over {n} devices and this process has "
+                f"{len(jax.devices(target))} of target {target!r}: measure it on a TPU "
+                f"target compiled ahead of time, one of {sorted(TPU_TOPOLOGIES)}")
+        return jax.devices(target)[:n]
     chips = topologies.get_topology_desc(topology_name=TPU_TOPOLOGIES[target],
                                          platform="tpu").devices
     if n > len(chips):
@@ -392,21 +392,25 @@ def _disk_path(key: tuple[str, str, tuple[tuple[str, str], ...]]) -> pathlib.Pat
     root = os.environ.get(CACHE_DIR_ENV)
     if not root:
         return None
-    compiler = "gpu" if key[1] == "gpu" else importlib.metadata.version("libtpu")
+    compiler = importlib.metadata.version("libtpu") if key[1].startswith("tpu") else ""
+    if key[1] in LOCAL_TARGETS:
+        compiler += jax.devices(key[1])[0].device_kind
     digest = hashlib.sha256(repr((key, compiler, jax.__version__)).encode()).hexdigest()
     return pathlib.Path(root) / f"{digest}.json"
 
 
 def _device(target: str) -> tuple[jax.Device, dict[str, str]]:  # pyright: ignore[reportInvalidTypeForm]
     """The device to compile for and the compiler options."""
-    if target == "gpu":
+    if target in LOCAL_TARGETS:
         try:
-            return jax.devices("gpu")[0], {}
+            return jax.devices(target)[0], {}
         except RuntimeError:
+            setup = ('a GPU and jax[cuda12] installed (pip install "jax[cuda12]==0.10.2")'
+                     if target == "gpu" else 'a TPU and jax[tpu] installed')
             raise CompilerUnavailableError(
-                "target 'gpu' compiles for this process's GPU, and JAX finds none. Run on a "
-                'machine with a GPU and jax[cuda12] installed (pip install "jax[cuda12]==0.10.2"), '
-                f"or measure for a TPU target without a TPU: {_TPU_INSTALL}") from None
+                f"target {target!r} compiles for this process's {target.upper()}, and JAX "
+                f"finds none. Run on a machine with {setup}, or compile ahead of time for a "
+                f"TPU target (tpu-v5e, ...) without a TPU: {_TPU_INSTALL}") from None
     if target not in TPU_TOPOLOGIES:
         raise ValueError(f"unknown target {target!r}; expected one of {list(TARGETS)}")
     if importlib.util.find_spec("libtpu") is None and "TPU_LIBRARY_PATH" not in os.environ:

@@ -9,16 +9,17 @@ Two stages, so that the chip's time goes to running rather than planning:
 
 ``plan`` writes, per full-size corpus model, two policy files (:meth:`autoremat.Plan.save`):
 ``NAME.floor.json`` (``budget="floor"``) and ``NAME.at-hand.json`` (the budget the
-compiler gives the hand baseline), both with ``verify`` on the target, and ``plans.json``
-with the ahead-of-time peaks. ``run`` loads each file (:func:`autoremat.load_plan`),
+compiler gives the hand baseline), both with ``verify`` on the target (a file already
+there is loaded, not planned again), and ``plans.json`` with the ahead-of-time peaks,
+rewritten after each model. ``run`` loads each file (:func:`autoremat.load_plan`),
 compiles every variant for the host's first TPU with default compiler options (what a user
-runs), and writes ``on-chip.json`` and ``on-chip.md``: the compiled peak, the allocator's
-peak while the step runs, and the median step time. The allocator's peak only rises in a
-process, so variants run in increasing order of compiled peak, each model's arrays freed
-before the next; a variant whose run left the process's peak where it was has a runtime
-peak of at most that figure (shown with ``<=``). With ``--auto MODEL``, ``run`` also plans
-that model on the host with ``verify`` left at its default (the host's own TPU) at the
-hand baseline's budget.
+runs), runs each, writes ``on-chip.json`` and prints the table: the compiled peak and the
+median step time. With ``--auto MODEL``, ``run`` also plans that model on the host with
+``verify`` left at its default (the host's own TPU) at the budget the chip's compiler
+gives the hand baseline, and compiles the plan as the user's ``jax.jit`` does.
+
+The allocator's ``peak_bytes_in_use`` is not reported: it never falls in a process, so it
+cannot tell variants run one after another apart.
 """
 
 from __future__ import annotations
@@ -66,25 +67,31 @@ def plan_model(name: str, target: str, out: pathlib.Path) -> dict:
     peak = lambda fn: _measure.measure_step(fn, *args, target=target, argnums=argnums).peak_bytes
     row: dict[str, Any] = {"model": name, "none": peak(loss), "hand": peak(model.make_loss(HAND))}
     for key, budget in zip(PLANS, ("floor", row["hand"]), strict=True):
-        start = time.perf_counter()
-        try:
-            p = autoremat.plan(loss, *args, budget=budget, verify=target)
-        except (InfeasibleBudgetError, BudgetNotVerifiedError) as e:
-            row[key] = {"error": type(e).__name__}
-            continue
-        p.save(out / f"{name}.{key}.json")
+        path, start = out / f"{name}.{key}.json", time.perf_counter()
+        if path.exists():  # planned by an earlier run that stopped before writing plans.json
+            p, seconds = autoremat.load_plan(path, loss, *args), None
+        else:
+            try:
+                p = autoremat.plan(loss, *args, budget=budget, verify=target)
+            except (InfeasibleBudgetError, BudgetNotVerifiedError) as e:
+                row[key] = {"error": type(e).__name__}
+                continue
+            p.save(path)
+            seconds = time.perf_counter() - start
         row[key] = {"budget": p.budget_bytes, "verified": p.verified_peak_bytes,
                     "predicted": p.peak_bytes, "aot": peak(p.apply(loss)),
-                    "regions": len(p.graph.regions), "seconds": time.perf_counter() - start}
+                    "regions": len(p.graph.regions), "seconds": seconds}
     log(json.dumps(row))
     return row
 
 
 def plan_main(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [plan_model(name, args.target, args.out) for name in args.model or full_models()]
-    (args.out / "plans.json").write_text(json.dumps(
-        {"target": args.target, "versions": versions(), "rows": rows}, indent=1) + "\n")
+    rows = []
+    for name in args.model or full_models():
+        rows.append(plan_model(name, args.target, args.out))
+        (args.out / "plans.json").write_text(json.dumps(
+            {"target": args.target, "versions": versions(), "rows": rows}, indent=1) + "\n")
 
 
 # --- run: on the chip -------------------------------------------------------------------
@@ -130,19 +137,20 @@ def time_step(compiled: Any, params: Any, batch: Any, steps: int) -> list[float]
     return times
 
 
-def compile_all(names: list[str], plans: pathlib.Path) -> tuple[list[dict], dict]:
-    """Every variant compiled for the chip with default options, and ahead of time for
-    ``tpu-v5e`` on this host as ``verify`` compiles it: a row of both peaks per variant,
-    and the executables by (model, variant)."""
+def compile_all(names: list[str], plans: pathlib.Path, aot_host: bool) -> tuple[list[dict], dict]:
+    """Every variant compiled for the chip with default options (and with ``aot_host``,
+    ahead of time for ``tpu-v5e`` on this host as ``verify="tpu-v5e"`` compiles it): a
+    row of peaks per variant, and the executables by (model, variant)."""
     rows, executables = [], {}
     for name in names:
         params, batch = corpus.get(name).init(jax.random.key(0))
         argnums = _measure.float_argnums((params, batch))
         for variant, fn in variants(name, plans, params, batch).items():
             executables[name, variant], peak = compiled_step(fn, params, batch)
-            aot = _measure.measure_step(fn, params, batch, target="tpu-v5e", argnums=argnums)
-            rows.append({"model": name, "variant": variant, "compiled": peak,
-                         "aot_host": aot.peak_bytes})
+            rows.append({"model": name, "variant": variant, "compiled": peak})
+            if aot_host:
+                rows[-1]["aot_host"] = _measure.measure_step(
+                    fn, params, batch, target="tpu-v5e", argnums=argnums).peak_bytes
             log(json.dumps(rows[-1]))
         del params, batch
         free_all()
@@ -150,44 +158,44 @@ def compile_all(names: list[str], plans: pathlib.Path) -> tuple[list[dict], dict
 
 
 def run_all(rows: list[dict], executables: dict, steps: int) -> None:
-    """Runs every row's step in increasing order of compiled peak; adds the allocator's
-    peak and the step times to the rows."""
-    device = jax.devices()[0]
-    for row in sorted(rows, key=lambda r: r["compiled"]):
+    """Runs every row's step; adds its step times to the row."""
+    for row in rows:
         params, batch = corpus.get(row["model"]).init(jax.random.key(0))
-        before = device.memory_stats()["peak_bytes_in_use"]
         times = time_step(executables[row["model"], row["variant"]], params, batch, steps)
-        after = device.memory_stats()["peak_bytes_in_use"]
-        row.update(runtime=after, runtime_rose=after > before,
-                   step_ms=1e3 * statistics.median(times), step_ms_all=[1e3 * t for t in times])
+        row.update(step_ms=1e3 * statistics.median(times), step_ms_all=[1e3 * t for t in times])
         log(json.dumps({k: v for k, v in row.items() if k != "step_ms_all"}))
         del params, batch
         free_all()
 
 
-def plan_on_host(name: str) -> dict:
-    """Plans ``name`` on this TPU host with ``verify`` at its default, at the budget this
-    host's compiler gives the hand baseline, and compiles the plan as a user runs it."""
+def plan_on_host(name: str) -> list[dict]:
+    """Plans ``name`` on this TPU host with ``verify`` at its default, for the floor and for
+    the budget this host's compiler gives the hand baseline, and compiles each plan as a
+    user's ``jax.jit`` does."""
     model = corpus.get(name)
     params, batch = model.init(jax.random.key(0))
     loss = model.make_loss()
     _, hand = compiled_step(model.make_loss(HAND), params, batch)
-    start = time.perf_counter()
-    row: dict[str, Any] = {"model": name, "local_target": autoremat.local_target(),
-                           "budget": hand}
-    try:
-        p = autoremat.plan(loss, params, batch, budget=hand)
-    except (InfeasibleBudgetError, BudgetNotVerifiedError) as e:
-        row["error"] = f"{type(e).__name__}: {e}"
-    else:
-        _, compiled = compiled_step(p.apply(loss), params, batch)
-        row.update(verify_target=p.verify_target, verified=p.verified_peak_bytes,
-                   compiles=p.verify_compiles, compiled=compiled)
-    row["seconds"] = time.perf_counter() - start
-    log(json.dumps(row))
+    rows = []
+    for budget in ("floor", hand):
+        start = time.perf_counter()
+        row: dict[str, Any] = {"model": name, "local_target": autoremat.local_target(),
+                               "hand": hand, "budget": budget}
+        try:
+            p = autoremat.plan(loss, params, batch, budget=budget)
+        except (InfeasibleBudgetError, BudgetNotVerifiedError) as e:
+            row["error"] = f"{type(e).__name__}: {e}"
+        else:
+            _, compiled = compiled_step(p.apply(loss), params, batch)
+            row.update(verify_target=p.verify_target, verified=p.verified_peak_bytes,
+                       compiles=p.verify_compiles, compiled=compiled,
+                       regions=len(p.graph.regions))
+        row["seconds"] = time.perf_counter() - start
+        log(json.dumps(row))
+        rows.append(row)
     del params, batch
     free_all()
-    return row
+    return rows
 
 
 def run_main(args: argparse.Namespace) -> None:
@@ -196,9 +204,9 @@ def run_main(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     saved = json.loads((args.plans / "plans.json").read_text())
     names = args.model or [r["model"] for r in saved["rows"]]
-    rows, executables = compile_all(names, args.plans)
+    rows, executables = compile_all(names, args.plans, args.aot_host)
     run_all(rows, executables, args.steps)
-    auto = [plan_on_host(name) for name in args.auto or ()]
+    auto = [row for name in args.auto or () for row in plan_on_host(name)]
     result = {"device": jax.devices()[0].device_kind, "versions": versions(),
               "steps": args.steps, "rows": rows, "auto": auto, "plans": saved}
     (args.out / "on-chip.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -208,24 +216,39 @@ def run_main(args: argparse.Namespace) -> None:
 # --- the table --------------------------------------------------------------------------
 
 def table(results: list[dict]) -> str:
-    """Per model and variant: peaks ahead of time (this machine's plans, and on the TPU
-    host), compiled on the chip and at run time, and the median step time."""
-    lines = ["| model | variant | budget MiB | ahead of time MiB | ahead of time on the host "
-             "MiB | compiled on chip MiB | allocator peak MiB | step ms | vs hand |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    """Per model and variant: the plan's budget, its peak verified ahead of time, its peak
+    compiled on the chip with default options, and the median step time; then the plans
+    made on the host with ``verify`` at its default."""
+    lines = ["| model | variant | budget MiB | ahead of time MiB | compiled on chip MiB | "
+             "chip over budget | step ms | vs hand |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    auto = ["| model | hand on chip MiB | budget MiB | verify | compiles | verified MiB | "
+            "compiled as jit MiB | at or under budget (floor: hand) | regions | seconds |",
+            "| --- | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
     for result in results:
         aot = {r["model"]: r for r in result["plans"]["rows"]}
         hand = {r["model"]: r["step_ms"] for r in result["rows"] if r["variant"] == "hand"}
         for r in result["rows"]:
             saved = aot[r["model"]][r["variant"]]
             plan = saved if isinstance(saved, dict) else {"aot": saved}
+            over = (f"{r['compiled'] / plan['budget'] - 1:+.1%}" if "budget" in plan else "-")
             budget = f"{plan['budget'] / MIB:.1f}" if "budget" in plan else "-"
-            runtime = f"{'' if r['runtime_rose'] else '<= '}{r['runtime'] / MIB:.1f}"
             lines.append(
                 f"| {r['model']} | {r['variant']} | {budget} | {plan['aot'] / MIB:.1f} | "
-                f"{r['aot_host'] / MIB:.1f} | {r['compiled'] / MIB:.1f} | {runtime} | "
-                f"{r['step_ms']:.2f} | {r['step_ms'] / hand[r['model']] - 1:+.1%} |")
-    return "\n".join(lines)
+                f"{r['compiled'] / MIB:.1f} | {over} | {r['step_ms']:.2f} | "
+                f"{r['step_ms'] / hand[r['model']] - 1:+.1%} |")
+        for r in result["auto"]:
+            budget = "floor" if r["budget"] == "floor" else f"{r['budget'] / MIB:.1f}"
+            if "error" in r:
+                auto.append(f"| {r['model']} | {r['hand'] / MIB:.1f} | {budget} | "
+                            f"{r['error']} |")
+                continue
+            fits = r["compiled"] <= (r["hand"] if r["budget"] == "floor" else r["budget"])
+            auto.append(
+                f"| {r['model']} | {r['hand'] / MIB:.1f} | {budget} | {r['verify_target']} | "
+                f"{r['compiles']} | {r['verified'] / MIB:.1f} | {r['compiled'] / MIB:.1f} | "
+                f"{'yes' if fits else 'no'} | {r['regions']} | {r['seconds']:.0f} |")
+    return "\n".join(lines + ([""] + auto if len(auto) > 2 else []))
 
 
 def table_main(args: argparse.Namespace) -> None:
@@ -246,6 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--steps", type=int, default=20)
     r.add_argument("--model", action="append", help="repeatable; default: every planned one")
     r.add_argument("--auto", action="append", help="also plan this model on the host")
+    r.add_argument("--aot-host", action="store_true",
+                   help="also compile each variant ahead of time on the host")
     r.set_defaults(main=run_main)
     t = sub.add_parser("table", help="the Markdown table of run results")
     t.add_argument("results", type=pathlib.Path, nargs="+", help="on-chip.json files")

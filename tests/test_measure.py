@@ -53,15 +53,17 @@ def test_missing_libtpu_says_how_to_install(monkeypatch):
         _measure.measure_step(_square_loss, x, x, target="tpu-v4")
 
 
-def test_gpu_target_without_a_gpu_says_so():
+@pytest.mark.parametrize("target", _measure.LOCAL_TARGETS)
+def test_local_target_without_its_device_says_so(target):
     try:
-        jax.devices("gpu")
-        pytest.skip("this process has a GPU")
+        jax.devices(target)
+        pytest.skip(f"this process has a {target}")
     except RuntimeError:
         pass
     x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
-    with pytest.raises(_measure.CompilerUnavailableError, match="finds none"):
-        _measure.measure_step(_square_loss, x, x, target="gpu")
+    with pytest.raises(_measure.CompilerUnavailableError,
+                       match=f"compiles for this process's {target.upper()}, and JAX finds none"):
+        _measure.measure_step(_square_loss, x, x, target=target)
 
 
 @needs_libtpu

@@ -84,15 +84,16 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         ``gap`` bounding how far from optimal).
       backends: MIP backends tried in turn within the time limit, from ``"HIGHS"``,
         ``"SCIP"`` and ``"CBC"`` (HiGHS through highspy, the others through OR-tools).
-      verify: a target of :mod:`autoremat._measure` (``"tpu-v5e"``, ``"tpu-v4"``, ...,
-        ``"gpu"``): the closed loop. The planned step is compiled for the target; while the
-        compiler's peak exceeds the budget, the model's budget is lowered by the excess
-        and the plan solved again, so that a returned plan fits on the real compiler
+      verify: a target of :mod:`autoremat._measure` (``"tpu-v5e"``, ``"tpu-v4"``, ...
+        ahead of time; ``"tpu"``, ``"gpu"``: this process's device): the closed loop.
+        The planned step is compiled for the target; while the compiler's peak exceeds
+        the budget, the model's budget is lowered by the excess and the plan solved
+        again, so that a returned plan fits on the real compiler
         (``Plan.verified_peak_bytes``). Each round is one compile (seconds to a minute).
-        ``"auto"`` (default): the compiler of this process's accelerator
-        (:func:`autoremat.local_target`), so that on a GPU or a TPU plans fit by default; on
-        a CPU there is none, the model's plan stands, and its report says it was not
-        compiled. ``None``: never compile.
+        ``"auto"`` (default): this process's accelerator, compiled as the user's
+        ``jax.jit`` compiles it (:func:`autoremat.local_target`), so that on a GPU or a
+        TPU plans fit by default; on a CPU there is none, the model's plan stands, and its
+        report says it was not compiled. ``None``: never compile.
       verify_rounds: the most compiles the closed loop makes before a plan fits.
       refine_rounds: with ``verify``, the most compiles spent, once a plan fits, on
         cheaper plans: each placement is solved again for the budget the compiler's

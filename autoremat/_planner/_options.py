@@ -34,9 +34,9 @@ class PlanOptions:
       node_limit: the most branch-and-bound nodes of each solve (``None``: no limit), which
         stops a search at the same plan on any machine, unlike the time limit.
       backends: MIP backends tried in turn, from :data:`BACKENDS`.
-      verify: the compiler target of the closed loop (``"tpu-v5e"``, ...), or ``None``;
-        ``"auto"`` (default) is resolved on construction to this process's accelerator
-        (:func:`autoremat.local_target`: ``None`` on a CPU).
+      verify: the compiler target of the closed loop (``"tpu-v5e"``, ``"tpu"``, ...), or
+        ``None``; ``"auto"`` (default) is resolved on construction to this process's
+        accelerator (:func:`autoremat.local_target`: ``None`` on a CPU).
       verify_rounds: the most compiles before a plan fits.
       refine_rounds: the most compiles spent on cheaper plans once one fits.
       offload: an :class:`autoremat.OffloadConfig`, or ``None`` for no offload.

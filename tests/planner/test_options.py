@@ -39,7 +39,11 @@ def test_verify_by_default_on_this_machines_accelerator_only(monkeypatch):
     if autoremat.local_target() is None:
         plan = autoremat.plan(loss, w, x, budget="floor")
         assert "not compiled" in plan.report() and plan.layout == "dense"
-    # A process on a TPU v5e: the same calls compile for it (ahead of time here).
+    # A process on a TPU: its own compile ("tpu"), counted in TPU tiles.
+    monkeypatch.setattr(_measure, "local_target", lambda: "tpu")
+    assert autoremat.PlanOptions().verify == "tpu"
+    assert autoremat.PlanOptions().resolved_layout == "tiled"
+    # The same calls compile, ahead of time here for want of a TPU, for a TPU v5e.
     pytest.importorskip("libtpu")
     monkeypatch.setattr(_measure, "local_target", lambda: "tpu-v5e")
     assert autoremat.PlanOptions().verify == "tpu-v5e"
