@@ -80,7 +80,8 @@ def plan_model(name: str, target: str, out: pathlib.Path) -> dict:
             seconds = time.perf_counter() - start
         row[key] = {"budget": p.budget_bytes, "verified": p.verified_peak_bytes,
                     "predicted": p.peak_bytes, "aot": peak(p.apply(loss)),
-                    "regions": len(p.graph.regions), "seconds": seconds}
+                    "regions": len(p.graph.regions), "compiles": p.verify_compiles,
+                    "seconds": seconds}
     log(json.dumps(row))
     return row
 
@@ -92,6 +93,27 @@ def plan_main(args: argparse.Namespace) -> None:
         rows.append(plan_model(name, args.target, args.out))
         (args.out / "plans.json").write_text(json.dumps(
             {"target": args.target, "versions": versions(), "rows": rows}, indent=1) + "\n")
+    print(plans_table(rows))
+
+
+def plans_table(rows: list[dict]) -> str:
+    """Per model: no remat and the hand baseline, then each plan's budget, verified peak
+    (the floor's against the hand baseline), compiles and regions."""
+    lines = ["| model | no remat MiB | hand MiB | plan | budget MiB | verified MiB | vs hand | "
+             "compiles | regions |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        for key in PLANS:
+            p = r[key]
+            head = f"| {r['model']} | {r['none'] / MIB:.1f} | {r['hand'] / MIB:.1f} | {key} |"
+            if "error" in p:
+                lines.append(f"{head} {p['error']} | | | | |")
+                continue
+            budget = "floor" if key == "floor" else f"{p['budget'] / MIB:.1f}"
+            lines.append(f"{head} {budget} | {p['verified'] / MIB:.1f} | "
+                         f"{p['verified'] / r['hand'] - 1:+.1%} | {p.get('compiles', '-')} | "
+                         f"{p['regions']} |")
+    return "\n".join(lines)
 
 
 # --- run: on the chip -------------------------------------------------------------------
@@ -252,7 +274,11 @@ def table(results: list[dict]) -> str:
 
 
 def table_main(args: argparse.Namespace) -> None:
-    print(table([json.loads(p.read_text()) for p in args.results]))
+    results = [json.loads(p.read_text()) for p in args.results]
+    if all("plans" in r for r in results):  # on-chip.json
+        print(table(results))
+    else:
+        print(plans_table([row for r in results for row in r["rows"]]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -272,8 +298,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--aot-host", action="store_true",
                    help="also compile each variant ahead of time on the host")
     r.set_defaults(main=run_main)
-    t = sub.add_parser("table", help="the Markdown table of run results")
-    t.add_argument("results", type=pathlib.Path, nargs="+", help="on-chip.json files")
+    t = sub.add_parser("table", help="the Markdown table of run or plan results")
+    t.add_argument("results", type=pathlib.Path, nargs="+",
+                   help="on-chip.json files, or plans.json files")
     t.set_defaults(main=table_main)
     args = parser.parse_args(argv)
     args.main(args)

@@ -35,7 +35,8 @@ EXTERNAL = {
     "notebooks": ("*.ipynb",),
     "autoremat/_planner": ("README.md",),
     "solvers/autoremat_ilp": ("README.md",),
-    "bench/results": ("*.md", "*.png", "*.json", "corpus/*.md", "corpus/*.png", "corpus/*.json"),
+    "bench/results": ("*.md", "*.png", "*.json", "corpus/*.md", "corpus/*.png", "corpus/*.json",
+                      "on-chip-tpu-v5e/*.md"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
 }
