@@ -34,7 +34,7 @@ from autoremat._planner._candidates import (
     candidates,
     obvious_plans,
 )
-from autoremat._planner._closed_loop import ClosedLoop, verified_floor
+from autoremat._planner._closed_loop import ClosedLoop, decisions, verified_floor
 from autoremat._planner._floor import floor_plans
 from autoremat._planner._options import AUTO, NODE_LIMIT, PlanOptions
 from autoremat._planner._search import Margins, search
@@ -68,8 +68,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         they are the plans a user would write); with ``verify``, of the
         placements whose floor the model puts within 10% of the least (at most
         ``verify_rounds`` of them, lowest first), no remat and one remat per layer, the
-        plan the compiler puts lowest, or the plan one more round of the closed loop fits
-        under it. For a sharded step, the bytes of one device (as are all of the plan's
+        plan the compiler puts lowest, or the model's cheapest plan just under it where
+        that compiles lower. For a sharded step, the bytes of one device (as are all of the plan's
         figures).
       time_limit_s: stop planning after about this long with the best plan found (its
         status is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
@@ -199,8 +199,9 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
     compiled_peak = lambda p: _measure.measure_step(p.apply(bound), *args, target=target,
                                                     argnums=argnums).peak_bytes
     if parse_budget(budget) == FLOOR:
-        floor = verified_floor(_floor_contenders(found, options), compiled_peak, options.verify)
-        return _under_the_verified_floor(floor, solve, compiled_peak, options.verify)
+        contenders = _floor_contenders(found, options)
+        floor = verified_floor(contenders, compiled_peak, options.verify)
+        return _under_the_verified_floor(floor, contenders, solve, compiled_peak)
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
                       options.refine_rounds,
                       fallbacks=lambda: _floor_contenders(found, options)[1:],
@@ -208,20 +209,26 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
     return loop.run(budget)
 
 
-def _under_the_verified_floor(floor: Plan, solve: Callable[[Budget, Margins], Plan],
-                              compiled_peak: Callable[[Plan], int], target: str) -> Plan:
-    """``floor``, or the plan that one round of the closed loop fits just under its
-    compiled peak: the model's error differs between plans, so the cheapest plan under it
-    can compile lower than every floor contender (penzai's ``LayerStack`` Llama on TPU
-    v5e: 1.4 MiB lower, ``bench/results/on-chip-tpu-v5e/``)."""
+def _under_the_verified_floor(floor: Plan, contenders: Sequence[Plan],
+                              solve: Callable[[Budget, Margins], Plan],
+                              compiled_peak: Callable[[Plan], int]) -> Plan:
+    """``floor``, or the cheapest plan the model has just under its compiled peak where
+    that compiles lower (one compile, none where the model has no such plan or it is a
+    contender): the model's error differs between plans, so it can compile lower than
+    every floor contender (penzai's ``LayerStack`` Llama on TPU v5e: 1.4 MiB lower,
+    ``bench/results/on-chip-tpu-v5e/``)."""
     assert floor.verified_peak_bytes is not None  # verified_floor compiled it
-    loop = ClosedLoop(solve, compiled_peak, target, verify_rounds=1, refine_rounds=0)
     try:
-        lower = loop.run(floor.verified_peak_bytes - 1)
+        under = solve(floor.verified_peak_bytes - 1, Margins())
     except InfeasibleBudgetError:
-        return dataclasses.replace(floor, verify_compiles=floor.verify_compiles + loop.tries)
-    return dataclasses.replace(lower,
-                               verify_compiles=floor.verify_compiles + lower.verify_compiles)
+        return floor
+    if decisions(under) in {decisions(c) for c in contenders}:
+        return floor
+    peak, compiles = compiled_peak(under), floor.verify_compiles + 1
+    if peak >= floor.verified_peak_bytes:
+        return dataclasses.replace(floor, verify_compiles=compiles)
+    return dataclasses.replace(under, verified_peak_bytes=peak,
+                               verify_target=floor.verify_target, verify_compiles=compiles)
 
 
 def _floor_contenders(found: Sequence[Candidate], options: PlanOptions) -> list[Plan]:

@@ -1,8 +1,7 @@
 """The plans in ``plans-msa-off/`` (verified ahead of time with the options autoremat
 compiled TPU steps with until 2026-12-05: ``xla_msa_enable=false`` and the compiler's own
-remat off),
-compiled again for ``tpu-v5e`` with JAX's default options, the compile a user's
-``jax.jit`` gets on the chip (and ``verify``'s since then); one JSON line per model.
+remat off), compiled again for ``tpu-v5e`` with JAX's default options, the compile a
+user's ``jax.jit`` gets on the chip (and ``verify``'s since then); one JSON line per model.
 
     PYTHONPATH=. python bench/results/on-chip-tpu-v5e/options.py [MODEL ...] > options.jsonl
     PYTHONPATH=. python bench/results/on-chip-tpu-v5e/options.py --table options.jsonl
