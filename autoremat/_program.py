@@ -99,6 +99,7 @@ class Segment:
     group: int = 1  # a scan's iterations per nested checkpoint (see nest_group)
     nest: int = -1  # the nested group of segments it belongs to (see split_regions)
     written: bool = False  # run as written, in no checkpoint (see Placement.written)
+    barrier: bool = True  # its inputs pass an optimization barrier (see Placement.barriers)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -394,6 +395,8 @@ def split_regions(program: Program, placement: Placement = Placement()
     nested in groups of that many (a last group of one is not nested; 1: none nested),
     each group's id (``Segment.nest``) the index of its first segment.
     ``placement.written``: the regions run in no checkpoint (``Segment.written``).
+    ``placement.barriers``: whether segments pass their inputs through a barrier
+    (``Segment.barrier``).
     """
     groups: list[tuple[str, list[Eqn]]] = []
     cut_set = set(placement.cuts)
@@ -426,7 +429,7 @@ def split_regions(program: Program, placement: Placement = Placement()
         outputs = tuple(o for o in produced if o in used_after[g])
         group = next(nests, 1) if kind == "scan" else 1
         regions.append(Segment(g, kind, tuple(eqns), tuple(inputs), outputs, group,
-                               written=g in placement.written))
+                               written=g in placement.written, barrier=placement.barriers))
     size = placement.segment_group
     if size <= 1:
         return tuple(regions)
@@ -670,9 +673,10 @@ def unrolled_whole(params: Mapping[str, Any]) -> bool:
 
 def has_input_barrier(region: Segment) -> bool:
     """Whether :func:`region_fn` passes the region's inputs through an optimization barrier:
-    a segment in a checkpoint does, unless it holds a ``shard_map`` (behind a barrier, JAX
-    keeps a ``shard_map``'s input once more as its residual)."""
-    return (region.kind == "segment" and not region.written
+    a segment in a checkpoint does where its placement has barriers
+    (``Placement.barriers``), unless it holds a ``shard_map`` (behind a barrier, JAX keeps
+    a ``shard_map``'s input once more as its residual)."""
+    return (region.kind == "segment" and not region.written and region.barrier
             and all(e.shard_body is None for e in region.eqns))
 
 

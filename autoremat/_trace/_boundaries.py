@@ -6,8 +6,9 @@ Two kinds of candidate boundaries, both from the program's structure:
   the same source lines, again and again. The equations are tokenized (primitive and user
   source frames); the tokens that repeat the most common number of times are the layers'
   code, and the layers start where one of those tokens recurs, the one whose recurrences
-  the fewest bytes cross (the residual stream, not the inside of a block); a block that
-  runs its code several times is one layer per call. These are the boundaries a user's
+  the fewest bytes cross (the residual stream, not the inside of a block), shifted to
+  where still fewer cross if the same code lies at every layer's bound; a block that runs
+  its code several times is one layer per call. These are the boundaries a user's
   one line of remat per block gives, whatever the widths.
 - **Narrow crossings** (:func:`segment_cuts`): where the bytes still to be read are near
   the least of the program, thinned to segments of similar size.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -117,11 +119,12 @@ def layer_regions(program: Program) -> frozenset[int]:
 
 
 def layer_placement(program: Program, around_as_written: bool = True) -> Placement:
-    """The placement of one remat per layer: a region per layer (:func:`layer_cuts`), and
-    with ``around_as_written`` the regions that are not layers (:func:`layer_regions`)
-    run as written (``Placement.written``)."""
+    """The placement of one remat per layer: a region per layer (:func:`layer_cuts`) with
+    no input barriers (``Placement.barriers``), as ``jax.checkpoint`` per block writes
+    it, and with ``around_as_written`` the regions that are not layers
+    (:func:`layer_regions`) run as written (``Placement.written``)."""
     found = _layers(program)
-    placement = Placement(_cuts(program, found))
+    placement = Placement(_cuts(program, found), barriers=False)
     if not around_as_written:
         return placement
     regions = split_regions(program, placement)
@@ -164,7 +167,8 @@ def _layers(program: Program) -> tuple[list[int], int] | None:
     the tokens begin layers that hold one recurrence of most of the others each (code run
     twice per layer, a normalization's two reductions, does not qualify). Each recurs once
     per layer; the layers start at the recurrences of the one the fewest bytes cross
-    (:func:`crossing_bytes`), and the last ends as :func:`_last_layer_end` says; but
+    (:func:`crossing_bytes`), shifted by :func:`_narrowest_starts`, and the last ends as
+    :func:`_last_layer_end` says; but
     where a block runs them several times (:func:`_rounds`), a layer is a call of it
     (:func:`_calls`).
     Scans, and the slices of their inputs made for them, are regions of their own, not
@@ -187,13 +191,52 @@ def _layers(program: Program) -> tuple[list[int], int] | None:
         if family and (window > 1 or len(lines) > 1):
             phase = min((p for p in family.values() if _begins_layers(p, family)),
                         key=lambda p: (int(crossing[p].sum()), p))
-            end = _last_layer_end(tokens, phase,
-                                  max(p[-1] for p in family.values()) + window)
+            after = max(p[-1] for p in family.values()) + window
+            end = _last_layer_end(tokens, phase, after)
             rounds = _rounds(tokens, phase, end)
             if rounds > 1:
                 return _calls(list(family.values()), rounds, window)
-            return phase, end
+            starts = _narrowest_starts(tokens, crossing, phase)
+            return starts, _last_layer_end(tokens, starts, after + starts[-1] - phase[-1])
     return None
+
+
+def _narrowest_starts(tokens: list[_Token | None], crossing: np.ndarray, starts: list[int]
+                      ) -> list[int]:
+    """The layers' ``starts`` shifted, all but the first by one amount, to where the fewest
+    bytes cross the widest of them (:func:`crossing_bytes`; the nearest such shift),
+    among the shifts that move the same code at
+    each (back over code that ends every layer, or on over code that starts every one);
+    the first by that amount too where no more bytes cross it there (the code before the
+    first layer differs from a layer's end). The layers' tokens (:func:`_layers`) can all
+    lie inside a block: a normalization that starts every block of penzai's Llama runs
+    again before its MLP and after the last block, so no token of it recurs once per
+    layer, and the layers found started inside the attention, where its input crosses
+    beside the residual stream. Unchanged with fewer than three layers."""
+    if len(starts) < 3:
+        return starts
+    first, inner = starts[0], starts[1:]
+    most = min(b - a for a, b in itertools.pairwise(starts)) - 1
+    back = _common_run(tokens, inner, step=-1, most=most)
+    on = _common_run(tokens, inner, step=1, most=min(most, len(tokens) - inner[-1]))
+    d = min(range(-back, on + 1),
+            key=lambda d: (int(max(crossing[s + d] for s in inner)), abs(d), d))
+    if first + d >= 0 and crossing[first + d] <= crossing[first]:
+        first += d
+    return [first, *(s + d for s in inner)]
+
+
+def _common_run(tokens: list[_Token | None], bounds: list[int], step: int, most: int
+                ) -> int:
+    """How many equations (at most ``most``) from every one of ``bounds``, going back
+    (``step=-1``: those just before it) or on (``step=1``: from it), are the same tokens
+    at each."""
+    first = 0 if step > 0 else -1
+    for n in range(most):
+        at = {tokens[b + first + step * n] for b in bounds}
+        if len(at) != 1 or None in at:
+            return n
+    return most
 
 
 def _calls(family: list[list[int]], rounds: int, window: int) -> tuple[list[int], int]:
