@@ -303,7 +303,9 @@ def check_program(program: Program, fraction: float) -> None:
     ids = plan.graph.array("id")
     save, recompute = np.isin(ids, list(plan.saved)), np.isin(ids, list(plan.recomputed))
     assert ilp.violations(problem, save, recompute) == []
-    assert ilp.evaluate(problem, save, recompute)[1] == plan.peak_bytes
+    # The model's figure: where regions run as written, the lower of the saved values' peak
+    # and what the compiler holds of them (_solve.evaluate).
+    assert _solve.evaluate(plan.graph, problem, save, recompute)[1] == plan.peak_bytes
 
     optimized = plan.apply(loss)
     actual = sum(int(np.prod(a.shape)) * a.dtype.itemsize
@@ -347,6 +349,14 @@ BRANCHING = Program(
      Op("binary", "sub", (4, 5)), Op("gather", "gather", (3,)), Op("reshape", "split_rows", (6,))),
     "mixed", 2, ("s", ["w1", "k"], {"w": "w0", "stack": ("stack",)}))
 
+# Found by the quick profile: its floor is one remat per layer with the code around the
+# layers as written, whose model peak is what the compiler holds of that code.
+AROUND_AS_WRITTEN = Program(
+    (Op("reshape", "split_rows", (0,)), Op("soft_clip", "soft_clip", (0,)),
+     Op("py_scale", "py_scale", (0,)), Op("int_scale", "int_scale", (1,)),
+     Op("reshape", "split_rows", (2,))),
+    "float32", 1, {"k0": ({"k0": "w0"}, "stack", {"k0": "s"}), "k1": "k"})
+
 
 _SETTINGS = {"deadline": None, "derandomize": True, "database": None,
              "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
@@ -356,6 +366,7 @@ _SETTINGS = {"deadline": None, "derandomize": True, "database": None,
 @given(programs(max_ops=8), st.floats(0.0, 1.0))
 @example(EVERY_OP, 0.0)
 @example(BRANCHING, 0.3)
+@example(AROUND_AS_WRITTEN, 0.0)
 def test_random_programs_quick(program, fraction):
     check_program(program, fraction)
 
