@@ -69,8 +69,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         placements whose floor the model puts within 10% of the least (at most
         ``verify_rounds`` of them, lowest first), no remat and one remat per layer, the
         plan the compiler puts lowest, or the model's cheapest plan just under it where
-        that compiles lower. For a sharded step, the bytes of one device (as are all of the plan's
-        figures).
+        that compiles lower. For a sharded step, the bytes of one device (as are all of
+        the plan's figures).
       time_limit_s: stop planning after about this long with the best plan found (its
         status is then ``"feasible"`` and ``gap`` bounds how far from optimal it may be).
         Tracing and building the problems count: the solver gets what they leave, though

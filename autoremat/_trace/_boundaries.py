@@ -205,10 +205,10 @@ def _narrowest_starts(tokens: list[_Token | None], crossing: np.ndarray, starts:
                       ) -> list[int]:
     """The layers' ``starts`` shifted, all but the first by one amount, to where the fewest
     bytes cross the widest of them (:func:`crossing_bytes`; the nearest such shift),
-    among the shifts that move the same code at
-    each (back over code that ends every layer, or on over code that starts every one);
-    the first by that amount too where no more bytes cross it there (the code before the
-    first layer differs from a layer's end). The layers' tokens (:func:`_layers`) can all
+    among the shifts that move the same code at each (back over code that ends every
+    layer, or on over code that starts every one); the first by that amount too where no
+    more bytes cross it there (the code before the first layer differs from a layer's
+    end). The layers' tokens (:func:`_layers`) can all
     lie inside a block: a normalization that starts every block of penzai's Llama runs
     again before its MLP and after the last block, so no token of it recurs once per
     layer, and the layers found started inside the attention, where its input crosses
