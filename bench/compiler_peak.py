@@ -1,6 +1,7 @@
 """What the compiler holds at its peak: the live buffers of one planned step.
 
-Plans a corpus or zoo model at a budget (``none``: the function as written), compiles the
+Plans a corpus or zoo model at a budget (``none``: the function as written; ``hand``: every
+block in its library's own remat with ``nothing_saveable``, the hand baseline), compiles the
 step ahead of time for the target with XLA's dumps on, and reads the dumped buffer
 assignment and live ranges: the temporaries live at the peak of the compiler's schedule,
 largest first, each with the operation that made it. The step's peak is the arguments,
@@ -9,6 +10,7 @@ disagree (``bench/results/no-remat.md``, the corpus tables).
 
     python bench/compiler_peak.py --model nnx-transformer --budget floor
     python bench/compiler_peak.py --model keras-transformer --budget 428MiB --top 30
+    python bench/compiler_peak.py --model penzai-llama --budget hand
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            f" --xla_dump_to={_DUMP} --xla_dump_hlo_module_re=.*loss.*")
 
 import autoremat_ilp as ilp  # noqa: E402
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from autoremat_ilp.memory import reserved_peaks  # noqa: E402
 from autoremat_ilp.problem import NO_CAP  # noqa: E402
@@ -116,14 +119,17 @@ def model_peak(plan: autoremat.Plan) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, choices=sorted({*CORPUS, *zoo.ZOO}))
-    parser.add_argument("--budget", default="floor", help="a budget, or none (no plan)")
+    parser.add_argument("--budget", default="floor",
+                        help="a budget, none (no plan) or hand (the hand baseline)")
     parser.add_argument("--target", default="tpu-v5e")
     parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args()
     m = CORPUS[args.model] if args.model in CORPUS else zoo.get(args.model)
     loss, shapes = m.make_loss(), (m.param_shapes(), m.batch_shapes())
     step = loss
-    if args.budget != "none":
+    if args.budget == "hand":
+        step = m.make_loss(jax.checkpoint_policies.nothing_saveable)
+    elif args.budget != "none":
         plan = autoremat.plan(loss, *shapes, budget=args.budget)
         print(plan.report(max_rows=args.top))
         print(model_peak(plan))
