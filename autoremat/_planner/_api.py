@@ -21,7 +21,7 @@ from autoremat_ilp import Progress
 
 from autoremat import _measure, _rewrite
 from autoremat._budget import FLOOR, Budget, parse_budget
-from autoremat._errors import InfeasibleBudgetError
+from autoremat._errors import InfeasibleBudgetError, SolverTimeoutError
 from autoremat._layout import Layout
 from autoremat._offload import OffloadConfig
 from autoremat._op_times import OpTimes
@@ -213,14 +213,14 @@ def _under_the_verified_floor(floor: Plan, contenders: Sequence[Plan],
                               solve: Callable[[Budget, Margins], Plan],
                               compiled_peak: Callable[[Plan], int]) -> Plan:
     """``floor``, or the cheapest plan the model has just under its compiled peak where
-    that compiles lower (one compile, none where the model has no such plan or it is a
-    contender): the model's error differs between plans, so it can compile lower than
-    every floor contender (penzai's ``LayerStack`` Llama on TPU v5e: 1.4 MiB lower,
-    ``bench/results/on-chip-tpu-v5e/``)."""
+    that compiles lower (one compile, none where the model has no such plan, the solver
+    finds none in its time or it is a contender): the model's error differs between
+    plans, so it can compile lower than every floor contender (penzai's ``LayerStack``
+    Llama on TPU v5e: 1.4 MiB lower, ``bench/results/on-chip-tpu-v5e/``)."""
     assert floor.verified_peak_bytes is not None  # verified_floor compiled it
     try:
         under = solve(floor.verified_peak_bytes - 1, Margins())
-    except InfeasibleBudgetError:
+    except (InfeasibleBudgetError, SolverTimeoutError):
         return floor
     if decisions(under) in {decisions(c) for c in contenders}:
         return floor

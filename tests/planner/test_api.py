@@ -61,3 +61,18 @@ def test_a_solve_the_time_limit_stopped_warns_that_the_plan_may_differ_between_r
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the node limit, or a proof: the same on any machine
         _candidates.checked(dataclasses.replace(stopped, timed_out=False))
+
+
+@pytest.mark.parametrize("error", [autoremat.InfeasibleBudgetError(2**20, 2**21),
+                                   autoremat.SolverTimeoutError("no plan in 30 s")])
+def test_the_verified_floor_stands_where_no_plan_under_it_is_found(error):
+    w, x = jnp.ones((16, 16)) / 16, jnp.ones((8, 16))
+    loss = lambda w, x: _loss(w, x, ["tanh"])
+    floor = dataclasses.replace(autoremat.plan(loss, w, x, budget="floor"),
+                                verified_peak_bytes=2**20, verify_compiles=3)
+
+    def solve(budget, margins):
+        raise error
+
+    chosen = _api._under_the_verified_floor(floor, [floor], solve, lambda p: 0)
+    assert chosen is floor
