@@ -84,7 +84,8 @@ class Region:
       kind: ``"segment"`` or ``"scan"``.
       length: iterations (1 for a segment).
       work_bytes: peak bytes live during one forward pass through the region (one
-        iteration for a scan), its inputs from other regions included.
+        iteration for a scan), its inputs from other regions included but, for a
+        segment, those saved by regions not nested, which count where they are held.
       cotangent_bytes: peak bytes of cotangents that exist during one backward pass
         through the region (those of elementwise chains fuse into their consumers).
       grad_bytes: bytes of argument gradients that exist from the region's backward pass

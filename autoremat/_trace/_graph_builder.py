@@ -48,7 +48,8 @@ def graph_of(program: Program, placement: Placement, facts: ProgramFacts | None 
     _handed_on_values_are_released(build)
     graph = Graph(
         values=tuple(build.values[vid].value() for vid in sorted(build.values)),
-        regions=tuple(region for region, _ in built),
+        regions=tuple(_with_segment_work(build, r, region)
+                      for r, (region, _) in zip(build.regions, built, strict=True)),
         arg_bytes=sum(map(program.value_bytes, program.args)),
         grad_bytes=sum(b for b, _ in build.gradients),
         step_flops=sum(answer.step_flops for _, answer in built),
@@ -165,11 +166,26 @@ def _segment(build: _Build, r: Segment) -> tuple[Region, RegionAnswer]:
                           if i in build.values and build.values[i].region < r.nest)
         for v in build.made(r.eqns):
             v.replayed = True
-    work = work_bytes(r.eqns, r.inputs, set(r.outputs), program.value_bytes, facts.free)
     cotangents = cotangent_bytes(r.eqns, set(r.outputs), facts.cotangent_size,
                                  facts.differentiable)
-    return Region(r.index, "segment", 1, work, cotangents + build.in_flight[r.index],
+    # Its forward working set is set once every region is built (_with_segment_work).
+    return Region(r.index, "segment", 1, 0, cotangents + build.in_flight[r.index],
                   build.grad_bytes[r.index], barrier_inputs, nest=r.nest), answer
+
+
+def _with_segment_work(build: _Build, r: Segment, region: Region) -> Region:
+    """``region`` with its forward working set, where ``r`` is a segment (a scan's is
+    set already). It leaves out the inputs that other regions save: the values of
+    regions not nested that some region reads across (a saved value counts at every
+    later forward stage already; a nested group's saved values at none, see
+    :func:`autoremat_ilp.memory.windows`)."""
+    if r.kind != "segment":
+        return region
+    counted = [i for i in r.inputs if i not in build.values or not build.values[i].needed_across
+               or build.regions[build.values[i].region].nest >= 0]
+    work = work_bytes(r.eqns, counted, set(r.outputs), build.program.value_bytes,
+                      build.facts.free)
+    return dataclasses.replace(region, work_bytes=work)
 
 
 def _scan(build: _Build, r: Segment) -> tuple[Region, RegionAnswer]:
