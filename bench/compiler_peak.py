@@ -4,22 +4,29 @@ Plans a corpus or zoo model at a budget (``none``: the function as written; ``ha
 block in its library's own remat with ``nothing_saveable``, the hand baseline), compiles the
 step ahead of time for the target with XLA's dumps on, and reads the dumped buffer
 assignment and live ranges: the temporaries live at the peak of the compiler's schedule,
-largest first, each with the operation that made it. The step's peak is the arguments,
-the outputs and those temporaries. For finding where the memory model and the compiler
-disagree (``bench/results/no-remat.md``, the corpus tables).
+largest first, each with the operation that made it, and their bytes by the pass that made
+them (there a remat plan can drop only the forward pass's). The step's peak is the
+arguments, the outputs and those temporaries. For finding where the memory model and the
+compiler disagree (``bench/results/no-remat.md``, the corpus tables), and what a plan can
+gain on a baseline (``bench/results/compiler-peak-hand.md``).
 
     python bench/compiler_peak.py --model nnx-transformer --budget floor
     python bench/compiler_peak.py --model keras-transformer --budget 428MiB --top 30
-    python bench/compiler_peak.py --model penzai-llama --budget hand
+    python bench/compiler_peak.py --budget hand --model nnx-transformer --model penzai-llama \
+        --out bench/results          # compiler-peak-hand.md: the peaks of several models
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import re
+import shlex
+import sys
 import tempfile
+from collections.abc import Callable
 
 _DUMP = tempfile.mkdtemp(prefix="autoremat-dump-")
 # XLA reads its flags when the backend starts, before anything below is imported; a
@@ -36,6 +43,7 @@ from autoremat_ilp.problem import NO_CAP  # noqa: E402
 
 import autoremat  # noqa: E402
 from autoremat import _cli, _solve, zoo  # noqa: E402
+from autoremat._benchmark import versions  # noqa: E402
 from autoremat._budget import format_bytes  # noqa: E402
 
 CORPUS = _cli._load_corpus(pathlib.Path(__file__).parent / "corpus")
@@ -46,9 +54,10 @@ def _one(pattern: str) -> str:
     return path.read_text()
 
 
-def peak_buffers(top: int) -> tuple[int, list[str]]:
-    """The bytes of temporaries live at the peak of the dumped step, and lines for them,
-    largest first."""
+def peak_buffers(top: int) -> tuple[int, dict[str, int], list[str]]:
+    """The bytes of temporaries live at the peak of the dumped step, those bytes by the
+    pass that made them (``forward``, ``backward``, ``unnamed`` for operations the dump
+    names no source of), and lines for the temporaries, largest first."""
     assignment = _one("*after_optimizations-buffer-assignment.txt")
     ranges_text = _one("*after_optimizations-live-range.txt")
     hlo = _one("*after_optimizations.txt")
@@ -70,11 +79,17 @@ def peak_buffers(top: int) -> tuple[int, list[str]]:
     peak = max(range(steps), key=live.__getitem__)
     at_peak = sorted(((s, n) for n, s, _ in set(values)
                       if n in ranges and ranges[n][0] <= peak <= ranges[n][1]), reverse=True)
+    kinds = {"forward": 0, "backward": 0, "unnamed": 0}
+    for s, n in at_peak:
+        op = ops.get(n.split("{")[0])
+        kinds["unnamed" if op is None else "backward" if "transpose(" in op else "forward"] += s
     lines = [f"temporaries live at step {peak} of {steps}: {live[peak] / 2**20:.1f} MiB "
-             f"(the heap: {max(o + s for _, s, o in values) / 2**20:.1f} MiB)"]
+             f"(the heap: {max(o + s for _, s, o in values) / 2**20:.1f} MiB); made by the "
+             + ", ".join(f"{k} pass {b / 2**20:.1f}" if k != "unnamed" else
+                         f"unnamed operations {b / 2**20:.1f}" for k, b in kinds.items())]
     lines += [f"  {s / 2**20:9.2f} MiB  {n:40s} {ranges[n][0]:5d}-{ranges[n][1]:<5d} "
               f"{ops.get(n.split('{')[0], '?')[-100:]}" for s, n in at_peak[:top]]
-    return live[peak], lines
+    return live[peak], kinds, lines
 
 
 def output_sharing() -> str:
@@ -116,36 +131,86 @@ def model_peak(plan: autoremat.Plan) -> str:
             f"{'backward' if k < R else 'forward'}: {bound}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, choices=sorted({*CORPUS, *zoo.ZOO}))
-    parser.add_argument("--budget", default="floor",
-                        help="a budget, none (no plan) or hand (the hand baseline)")
-    parser.add_argument("--target", default="tpu-v5e")
-    parser.add_argument("--top", type=int, default=20)
-    args = parser.parse_args()
-    m = CORPUS[args.model] if args.model in CORPUS else zoo.get(args.model)
+def step_of(name: str, budget: str) -> Callable:
+    """The step of model ``name`` at ``budget`` (``none``, ``hand`` or a plan's budget);
+    a plan's report is printed."""
+    m = CORPUS[name] if name in CORPUS else zoo.get(name)
     loss, shapes = m.make_loss(), (m.param_shapes(), m.batch_shapes())
-    step = loss
-    if args.budget == "hand":
-        step = m.make_loss(jax.checkpoint_policies.nothing_saveable)
-    elif args.budget != "none":
-        plan = autoremat.plan(loss, *shapes, budget=args.budget)
-        print(plan.report(max_rows=args.top))
-        print(model_peak(plan))
-        step = plan.apply(loss)
-    real = autoremat.measure_step(step, *shapes, target=args.target)
-    print(f"compiler peak {real.peak_bytes / 2**20:.1f} MiB: arguments "
+    if budget == "hand":
+        return m.make_loss(jax.checkpoint_policies.nothing_saveable)
+    if budget == "none":
+        return loss
+    plan = autoremat.plan(loss, *shapes, budget=budget)
+    print(plan.report())
+    print(model_peak(plan))
+    return plan.apply(loss)
+
+
+def measure(name: str, budget: str, target: str, top: int) -> dict:
+    """Compiles model ``name``'s step at ``budget`` with the dumps on, prints what its
+    peak holds, and returns it as a row of bytes."""
+    for path in pathlib.Path(_DUMP).iterdir():
+        path.unlink()
+    m = CORPUS[name] if name in CORPUS else zoo.get(name)
+    real = autoremat.measure_step(step_of(name, budget), m.param_shapes(), m.batch_shapes(),
+                                  target=target)
+    print(f"{name}: compiler peak {real.peak_bytes / 2**20:.1f} MiB: arguments "
           f"{real.argument_bytes / 2**20:.1f}, outputs {real.output_bytes / 2**20:.1f}, "
           f"temporaries {real.temp_bytes / 2**20:.1f}")
     print(output_sharing())
-    live, lines = peak_buffers(args.top)
+    live, by_pass, lines = peak_buffers(top)
     # The compiler's peak counts the temporaries live at once, not the heap they are
     # packed in: arguments + outputs + live temporaries is its peak, but for values one
     # instruction hands to the next, which the live ranges count twice.
     print(f"arguments + outputs + live temporaries: "
           f"{(real.argument_bytes + real.output_bytes + live) / 2**20:.1f} MiB")
-    print("\n".join(lines))
+    print("\n".join(lines), flush=True)
+    return {"model": name, "budget": budget, "peak": real.peak_bytes,
+            "arguments": real.argument_bytes, "outputs": real.output_bytes,
+            "live_temporaries": live, **by_pass}
+
+
+def write_table(rows: list[dict], out: pathlib.Path, target: str) -> None:
+    """``compiler-peak-<budget>.md`` and ``.json`` in ``out``: each model's peak split
+    into arguments, outputs and the temporaries live at it, by the pass that made them."""
+    budget = rows[0]["budget"]
+    mib = lambda b: f"{b / 2**20:.1f}"
+    lines = [f"# What the compiler holds at the peak ({target}, budget {budget})", "",
+             f"Made with `{shlex.join(['python', *sys.argv])}`; versions "
+             f"{json.dumps(versions())}. Per model: the compiler's peak and its arguments and "
+             "outputs (counted whole for the whole step), then the temporaries live at the "
+             "peak instruction of the compiler's schedule, by the pass whose operation made "
+             "them (`unnamed`: operations the dump names no source of, the compiler's own "
+             "copies among them). At that instruction a remat plan can drop at most the "
+             "forward pass's and the unnamed temporaries: the last column is their share of "
+             "the peak.", "",
+             "| model | peak MiB | arguments | outputs | temporaries at the peak | made by the "
+             "forward pass | by the backward pass | unnamed | forward + unnamed, of the peak |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {mib(r['peak'])} | {mib(r['arguments'])} | "
+              f"{mib(r['outputs'])} | {mib(r['live_temporaries'])} | {mib(r['forward'])} | "
+              f"{mib(r['backward'])} | {mib(r['unnamed'])} | "
+              f"{(r['forward'] + r['unnamed']) / r['peak']:.1%} |" for r in rows]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"compiler-peak-{budget}.md").write_text("\n".join(lines) + "\n")
+    (out / f"compiler-peak-{budget}.json").write_text(json.dumps(
+        {"command": shlex.join(["python", *sys.argv]), "versions": versions(), "rows": rows},
+        indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, action="append",
+                        choices=sorted({*CORPUS, *zoo.ZOO}))
+    parser.add_argument("--budget", default="floor",
+                        help="a budget, none (no plan) or hand (the hand baseline)")
+    parser.add_argument("--target", default="tpu-v5e")
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--out", type=pathlib.Path, help="write the table here")
+    args = parser.parse_args()
+    rows = [measure(name, args.budget, args.target, args.top) for name in args.model]
+    if args.out:
+        write_table(rows, args.out, args.target)
 
 
 if __name__ == "__main__":
