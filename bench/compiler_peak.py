@@ -4,11 +4,11 @@ Plans a corpus or zoo model at a budget (``none``: the function as written; ``ha
 block in its library's own remat with ``nothing_saveable``, the hand baseline), compiles the
 step ahead of time for the target with XLA's dumps on, and reads the dumped buffer
 assignment and live ranges: the temporaries live at the peak of the compiler's schedule,
-largest first, each with the operation that made it, and their bytes by the pass that made
-them (there a remat plan can drop only the forward pass's). The step's peak is the
-arguments, the outputs and those temporaries. For finding where the memory model and the
-compiler disagree (``bench/results/no-remat.md``, the corpus tables), and what a plan can
-gain on a baseline (``bench/results/compiler-peak-hand.md``).
+largest first, each with the operation that made it, and their bytes by what made them
+(:data:`KINDS`). The step's peak is the arguments, the outputs and those temporaries. For
+finding where the memory model and the compiler disagree (``bench/results/no-remat.md``,
+the corpus tables), and what a plan can gain on a baseline
+(``bench/results/compiler-peak-hand.md``).
 
     python bench/compiler_peak.py --model nnx-transformer --budget floor
     python bench/compiler_peak.py --model keras-transformer --budget 428MiB --top 30
@@ -24,6 +24,7 @@ import os
 import pathlib
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -54,10 +55,24 @@ def _one(pattern: str) -> str:
     return path.read_text()
 
 
+#: What made a temporary: the forward pass (saved values among them), the backward pass
+#: recomputing the forward (JAX's ``rematted_computation``) or computing gradients, or an
+#: operation the dump names no source of (the compiler's own copies among them).
+KINDS = ("forward", "recomputed", "gradients", "unnamed")
+
+
+def _kind(op_name: str | None) -> str:
+    """Which of :data:`KINDS` made a temporary, by its operation's JAX name."""
+    if op_name is None:
+        return "unnamed"
+    if "transpose(" not in op_name:
+        return "forward"
+    return "recomputed" if "rematted_computation" in op_name else "gradients"
+
+
 def peak_buffers(top: int) -> tuple[int, dict[str, int], list[str]]:
-    """The bytes of temporaries live at the peak of the dumped step, those bytes by the
-    pass that made them (``forward``, ``backward``, ``unnamed`` for operations the dump
-    names no source of), and lines for the temporaries, largest first."""
+    """The bytes of temporaries live at the peak of the dumped step, those bytes by what
+    made them (:data:`KINDS`), and lines for the temporaries, largest first."""
     assignment = _one("*after_optimizations-buffer-assignment.txt")
     ranges_text = _one("*after_optimizations-live-range.txt")
     hlo = _one("*after_optimizations.txt")
@@ -79,14 +94,12 @@ def peak_buffers(top: int) -> tuple[int, dict[str, int], list[str]]:
     peak = max(range(steps), key=live.__getitem__)
     at_peak = sorted(((s, n) for n, s, _ in set(values)
                       if n in ranges and ranges[n][0] <= peak <= ranges[n][1]), reverse=True)
-    kinds = {"forward": 0, "backward": 0, "unnamed": 0}
+    kinds = dict.fromkeys(KINDS, 0)
     for s, n in at_peak:
-        op = ops.get(n.split("{")[0])
-        kinds["unnamed" if op is None else "backward" if "transpose(" in op else "forward"] += s
+        kinds[_kind(ops.get(n.split("{")[0]))] += s
     lines = [f"temporaries live at step {peak} of {steps}: {live[peak] / 2**20:.1f} MiB "
-             f"(the heap: {max(o + s for _, s, o in values) / 2**20:.1f} MiB); made by the "
-             + ", ".join(f"{k} pass {b / 2**20:.1f}" if k != "unnamed" else
-                         f"unnamed operations {b / 2**20:.1f}" for k, b in kinds.items())]
+             f"(the heap: {max(o + s for _, s, o in values) / 2**20:.1f} MiB); by what made "
+             "them: " + ", ".join(f"{k} {b / 2**20:.1f}" for k, b in kinds.items())]
     lines += [f"  {s / 2**20:9.2f} MiB  {n:40s} {ranges[n][0]:5d}-{ranges[n][1]:<5d} "
               f"{ops.get(n.split('{')[0], '?')[-100:]}" for s, n in at_peak[:top]]
     return live[peak], kinds, lines
@@ -149,8 +162,7 @@ def step_of(name: str, budget: str) -> Callable:
 def measure(name: str, budget: str, target: str, top: int) -> dict:
     """Compiles model ``name``'s step at ``budget`` with the dumps on, prints what its
     peak holds, and returns it as a row of bytes."""
-    for path in pathlib.Path(_DUMP).iterdir():
-        path.unlink()
+    shutil.rmtree(_DUMP)  # the dumps of the model before
     m = CORPUS[name] if name in CORPUS else zoo.get(name)
     real = autoremat.measure_step(step_of(name, budget), m.param_shapes(), m.batch_shapes(),
                                   target=target)
@@ -179,18 +191,21 @@ def write_table(rows: list[dict], out: pathlib.Path, target: str) -> None:
              f"Made with `{shlex.join(['python', *sys.argv])}`; versions "
              f"{json.dumps(versions())}. Per model: the compiler's peak and its arguments and "
              "outputs (counted whole for the whole step), then the temporaries live at the "
-             "peak instruction of the compiler's schedule, by the pass whose operation made "
-             "them (`unnamed`: operations the dump names no source of, the compiler's own "
-             "copies among them). At that instruction a remat plan can drop at most the "
-             "forward pass's and the unnamed temporaries: the last column is their share of "
-             "the peak.", "",
-             "| model | peak MiB | arguments | outputs | temporaries at the peak | made by the "
-             "forward pass | by the backward pass | unnamed | forward + unnamed, of the peak |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "peak instruction of the compiler's schedule (MiB), by what made them: the "
+             "forward pass (the values saved for the backward among them), the backward "
+             "pass recomputing the forward (JAX's `rematted_computation`) or computing "
+             "gradients, and operations the dump names no source of (the compiler's own "
+             "copies among them). The last column is the arguments, outputs and gradient "
+             "temporaries as a share of the peak: what remat does not decide (a plan "
+             "decides what is saved and what is recomputed, and when).", "",
+             "| model | peak MiB | arguments | outputs | temporaries at the peak | forward "
+             "| recomputed | gradients | unnamed | arguments, outputs, gradients of the peak |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {mib(r['peak'])} | {mib(r['arguments'])} | "
-              f"{mib(r['outputs'])} | {mib(r['live_temporaries'])} | {mib(r['forward'])} | "
-              f"{mib(r['backward'])} | {mib(r['unnamed'])} | "
-              f"{(r['forward'] + r['unnamed']) / r['peak']:.1%} |" for r in rows]
+              f"{mib(r['outputs'])} | {mib(r['live_temporaries'])} | "
+              + " | ".join(mib(r[k]) for k in KINDS) + " | "
+              f"{(r['arguments'] + r['outputs'] + r['gradients']) / r['peak']:.1%} |"
+              for r in rows]
     out.mkdir(parents=True, exist_ok=True)
     (out / f"compiler-peak-{budget}.md").write_text("\n".join(lines) + "\n")
     (out / f"compiler-peak-{budget}.json").write_text(json.dumps(
