@@ -39,7 +39,8 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
     (:func:`autoremat._planner._candidates.within_model_error`): the compiler fuses in
     it what no checkpointed plan can (:func:`autoremat._solve.as_written`), so it is
     the safer plan where the model cannot tell them apart (an Equinox MLP of eight
-    2048-wide layers: one remat per layer modelled 5% below it, compiled 8% above it).
+    2048-wide layers, under the TPU compile options autoremat used before 2026-12-05:
+    one remat per layer modelled 5% below it, compiled 8% above it).
 
     Raises:
       SolverTimeoutError: the time limit passed before any least-peak plan was found.

@@ -11,8 +11,14 @@ import numpy as np
 import pytest
 
 import autoremat
-from autoremat._planner import PlanOptions
-from autoremat._planner._candidates import MODEL_ERROR, NEAR_NO_REMAT, SolverClock, candidates
+from autoremat._planner import PlanOptions, _candidates
+from autoremat._planner._candidates import (
+    MODEL_ERROR,
+    NEAR_NO_REMAT,
+    SolverClock,
+    candidates,
+)
+from autoremat._planner._floor import floor_plans
 from autoremat._planner._search import search
 from autoremat._report import format_report
 from autoremat._rewrite import flat_function
@@ -149,3 +155,21 @@ def test_a_policy_file_of_the_function_as_written_over_its_budget_loads(near_no_
     loaded = autoremat.load_plan(path, fn, *args)
     assert loaded.no_remat and loaded.peak_bytes == planned.peak_bytes
     assert loaded.budget_bytes == planned.budget_bytes
+
+
+
+def test_the_floor_is_the_function_as_written_where_the_model_cannot_tell_them_apart(
+        monkeypatch):
+    fn, args = MODELS["mlp"]()
+    options = PlanOptions(verify=None)
+    flat_fn, _, avals, _ = flat_function(fn, args, {})
+    found = candidates(flat_fn, avals, options)
+    solved = floor_plans(found, options, SolverClock.of(options, len(found)))[0]
+    fixed = solved.graph.fixed_bytes
+    assert not solved.no_remat and solved.peak_bytes < solved.no_remat_peak_bytes
+    # A model error larger than the solved floor's activation memory gain on no remat.
+    error = 1 - (solved.peak_bytes - fixed) / (solved.no_remat_peak_bytes - fixed) + 0.01
+    monkeypatch.setattr(_candidates, "MODEL_ERROR", error)
+    written, *floors = floor_plans(found, options, SolverClock.of(options, len(found)))
+    assert written.no_remat and written.peak_bytes == solved.no_remat_peak_bytes
+    assert [p.peak_bytes for p in floors][:1] == [solved.peak_bytes]
