@@ -204,7 +204,7 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
         return _under_the_verified_floor(floor, contenders, solve, compiled_peak)
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
                       options.refine_rounds,
-                      fallbacks=lambda: _floor_contenders(found, options)[1:],
+                      fallbacks=lambda: _floor_contenders(found, options),
                       no_remat=lambda peak: as_written_plan(found, options, peak))
     return loop.run(budget)
 

@@ -58,9 +58,11 @@ class ClosedLoop:
       compiled: the decisions compiled so far.
       fallbacks: the plans compiled in turn below the model's floor when its floor plan
         does not fit, since the model's error differs between them (the floor plans of
-        the other placements near the least, then the plans a user tries by hand:
-        :func:`autoremat._planner._candidates.obvious_plans`); the contenders of
-        :func:`verified_floor`, so that a budget at the verified floor fits.
+        the placements near the least, then the plans a user tries by hand:
+        :func:`autoremat._planner._candidates.obvious_plans`; each compiled once, the
+        floor plan among them too): the contenders of :func:`verified_floor`, so that a
+        budget at the verified floor fits whichever of them the floor plan is (under a
+        time limit, a solve may differ from one call to the next).
       no_remat: the plan that recomputes nothing (the function as written where it can
         be: :func:`autoremat._planner._candidates.as_written_plan`), of the model's
         no-remat peak (``Plan.no_remat_peak_bytes``, which it reports), compiled once a plan
@@ -216,7 +218,11 @@ class ClosedLoop:
             yield floor
             yield from self.fallbacks()
 
+        tried = set()
         for plan in plans():
+            if decisions(plan) in tried:  # the floor plan among the fallbacks
+                continue
+            tried.add(decisions(plan))
             peak = self.compiled_peak(plan)
             if peak <= self.budget_bytes:
                 return plan, peak

@@ -121,7 +121,9 @@ def test_plan_round_below_the_model_floor_compiles_the_floor_plan(base):
 
 
 def test_plan_round_below_the_model_floor_then_compiles_the_fallbacks(base):
-    floor, no_remat, per_layer = (_plan(base, BUDGET, f) for f in (50, 0, 40))
+    # Distinct decisions (each saves something else), compiled once each.
+    floor, no_remat, per_layer = (_plan(base, BUDGET, f, saved=frozenset({f}))
+                                  for f in (50, 0, 40))
     peaks = {50: BUDGET + 9, 0: BUDGET + 2, 40: BUDGET - 1}
     made = []
 
@@ -146,6 +148,24 @@ def test_plan_round_below_the_model_floor_then_compiles_the_fallbacks(base):
     made.clear()
     assert dataclasses.replace(loop, tries=0).plan_round(BUDGET) == (floor, BUDGET)
     assert not made  # made only when the floor plan does not fit
+
+
+def test_below_the_model_floor_each_fallback_is_compiled_once_the_floor_plan_among_them(base):
+    floor, per_layer = (_plan(base, BUDGET, f, saved=frozenset({f})) for f in (50, 40))
+    compiled = []
+
+    def solve(budget, margins):
+        if budget != "floor":
+            raise autoremat.InfeasibleBudgetError(BUDGET, BUDGET + 1)
+        return floor
+
+    def compiled_peak(p):
+        compiled.append(p.recompute_flops)
+        return {50: BUDGET + 9, 40: BUDGET - 1}[p.recompute_flops]
+
+    loop = dataclasses.replace(_loop(solve, compiled_peak), fallbacks=lambda: [floor, per_layer])
+    assert loop.plan_round(BUDGET) == (per_layer, BUDGET - 1)
+    assert compiled == [50, 40]
 
 
 def test_run_converges_on_a_compiler_that_reads_high(base):
@@ -173,7 +193,8 @@ def test_run_without_a_fit_says_how_far_it_got(base):
 def test_run_out_of_rounds_compiles_the_floor_plan_and_the_fallbacks(base):
     """The model's plans near its floor all compile above a budget that its floor plan, or
     a plan a user tries by hand, fits (penzai's LayerStack at its verified floor)."""
-    floor, per_layer = _plan(base, BUDGET // 2, 50), _plan(base, BUDGET, 40)
+    floor = _plan(base, BUDGET // 2, 50, saved=frozenset({50}))
+    per_layer = _plan(base, BUDGET, 40, saved=frozenset({40}))
     peaks = {0: BUDGET + 3, 50: BUDGET + 1, 40: BUDGET - 1}
     solve = lambda budget, margins: floor if budget == "floor" else _plan(base, BUDGET, 0)
     loop = dataclasses.replace(_loop(solve, lambda p: peaks[p.recompute_flops],
