@@ -36,7 +36,9 @@ EXTERNAL = {
     "autoremat/_planner": ("README.md",),
     "solvers/autoremat_ilp": ("README.md",),
     "bench/results": ("*.md", "*.png", "*.json", "corpus/*.md", "corpus/*.png", "corpus/*.json",
-                      "on-chip-tpu-v5e/*.md"),
+                      "corpus-default-compile/**/*.md", "corpus-default-compile/**/*.png",
+                      "corpus-default-compile/**/*.json", "on-chip-tpu-v5e/*.md",
+                      "on-chip-tpu-v5e/zoo-floor/*"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
 }
