@@ -144,16 +144,15 @@ def model_peak(plan: autoremat.Plan) -> str:
             f"{'backward' if k < R else 'forward'}: {bound}")
 
 
-def step_of(name: str, budget: str) -> Callable:
-    """The step of model ``name`` at ``budget`` (``none``, ``hand`` or a plan's budget);
-    a plan's report is printed."""
-    m = CORPUS[name] if name in CORPUS else zoo.get(name)
-    loss, shapes = m.make_loss(), (m.param_shapes(), m.batch_shapes())
+def step_of(m: zoo.ZooModel, budget: str) -> Callable:
+    """The step of model ``m`` at ``budget`` (``none``, ``hand`` or a plan's budget); a
+    plan's report is printed."""
     if budget == "hand":
         return m.make_loss(jax.checkpoint_policies.nothing_saveable)
+    loss = m.make_loss()
     if budget == "none":
         return loss
-    plan = autoremat.plan(loss, *shapes, budget=budget)
+    plan = autoremat.plan(loss, m.param_shapes(), m.batch_shapes(), budget=budget)
     print(plan.report())
     print(model_peak(plan))
     return plan.apply(loss)
@@ -164,13 +163,13 @@ def measure(name: str, budget: str, target: str, top: int) -> dict:
     peak holds, and returns it as a row of bytes."""
     shutil.rmtree(_DUMP)  # the dumps of the model before
     m = CORPUS[name] if name in CORPUS else zoo.get(name)
-    real = autoremat.measure_step(step_of(name, budget), m.param_shapes(), m.batch_shapes(),
+    real = autoremat.measure_step(step_of(m, budget), m.param_shapes(), m.batch_shapes(),
                                   target=target)
     print(f"{name}: compiler peak {real.peak_bytes / 2**20:.1f} MiB: arguments "
           f"{real.argument_bytes / 2**20:.1f}, outputs {real.output_bytes / 2**20:.1f}, "
           f"temporaries {real.temp_bytes / 2**20:.1f}")
     print(output_sharing())
-    live, by_pass, lines = peak_buffers(top)
+    live, by_kind, lines = peak_buffers(top)
     # The compiler's peak counts the temporaries live at once, not the heap they are
     # packed in: arguments + outputs + live temporaries is its peak, but for values one
     # instruction hands to the next, which the live ranges count twice.
@@ -179,16 +178,16 @@ def measure(name: str, budget: str, target: str, top: int) -> dict:
     print("\n".join(lines), flush=True)
     return {"model": name, "budget": budget, "peak": real.peak_bytes,
             "arguments": real.argument_bytes, "outputs": real.output_bytes,
-            "live_temporaries": live, **by_pass}
+            "live_temporaries": live, **by_kind}
 
 
 def write_table(rows: list[dict], out: pathlib.Path, target: str) -> None:
     """``compiler-peak-<budget>.md`` and ``.json`` in ``out``: each model's peak split
-    into arguments, outputs and the temporaries live at it, by the pass that made them."""
-    budget = rows[0]["budget"]
+    into arguments, outputs and the temporaries live at it, by what made them."""
+    budget, command = rows[0]["budget"], shlex.join(["python", *sys.argv])
     mib = lambda b: f"{b / 2**20:.1f}"
     lines = [f"# What the compiler holds at the peak ({target}, budget {budget})", "",
-             f"Made with `{shlex.join(['python', *sys.argv])}`; versions "
+             f"Made with `{command}`; versions "
              f"{json.dumps(versions())}. Per model: the compiler's peak and its arguments and "
              "outputs (counted whole for the whole step), then the temporaries live at the "
              "peak instruction of the compiler's schedule (MiB), by what made them: the "
@@ -209,7 +208,7 @@ def write_table(rows: list[dict], out: pathlib.Path, target: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"compiler-peak-{budget}.md").write_text("\n".join(lines) + "\n")
     (out / f"compiler-peak-{budget}.json").write_text(json.dumps(
-        {"command": shlex.join(["python", *sys.argv]), "versions": versions(), "rows": rows},
+        {"command": command, "versions": versions(), "rows": rows},
         indent=1) + "\n")
 
 

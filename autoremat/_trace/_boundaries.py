@@ -208,11 +208,11 @@ def _narrowest_starts(tokens: list[_Token | None], crossing: np.ndarray, starts:
     among the shifts that move the same code at each (back over code that ends every
     layer, or on over code that starts every one); the first by that amount too where no
     more bytes cross it there (the code before the first layer differs from a layer's
-    end). The layers' tokens (:func:`_layers`) can all
-    lie inside a block: a normalization that starts every block of penzai's Llama runs
-    again before its MLP and after the last block, so no token of it recurs once per
-    layer, and the layers found started inside the attention, where its input crosses
-    beside the residual stream. Unchanged with fewer than three layers."""
+    end). The layers' tokens (:func:`_layers`) can all lie inside a block: a
+    normalization that starts every block of penzai's Llama runs again before its MLP
+    and after the last block, so no token of it recurs once per layer, and the layers
+    found started inside the attention, where its input crosses beside the residual
+    stream. Unchanged with fewer than three layers."""
     if len(starts) < 3:
         return starts
     first, inner = starts[0], starts[1:]

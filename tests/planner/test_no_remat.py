@@ -157,7 +157,6 @@ def test_a_policy_file_of_the_function_as_written_over_its_budget_loads(near_no_
     assert loaded.budget_bytes == planned.budget_bytes
 
 
-
 def test_the_floor_is_the_function_as_written_where_the_model_cannot_tell_them_apart(
         monkeypatch):
     fn, args = MODELS["mlp"]()
