@@ -205,7 +205,8 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
                       options.refine_rounds,
                       fallbacks=lambda: _floor_contenders(found, options),
-                      no_remat=lambda peak: as_written_plan(found, options, peak))
+                      no_remat=lambda peak: as_written_plan(found, options, peak),
+                      by_hand=lambda: obvious_plans(found, options)[1:])
     return loop.run(budget)
 
 
