@@ -415,6 +415,30 @@ def compare_with_hand(sweep: Sweep) -> HandComparison | None:
         worst_error=max(errors, default=None))
 
 
+def corpus_totals(sweeps: Sequence[Sweep]) -> str:
+    """Over every compiled sweep: the budgets that fit and that lie at or below the hand
+    line, the compiles per budget, and the distribution of the model's error (predicted
+    over compiler peak, every autoremat row), as one markdown paragraph."""
+    found = [c for s in sweeps if (c := compare_with_hand(s)) is not None]
+    budgets = sum(c.budgets for c in found)
+    compiles = [r.compiles for s in sweeps for r in s.rows
+                if r.kind == "autoremat" and r.name != "floor" and r.compiles]
+    errors = np.array([r.predicted_peak_bytes / r.real_peak_bytes - 1 for s in sweeps
+                       for r in s.rows if r.kind == "autoremat" and r.predicted_peak_bytes
+                       and r.real_peak_bytes])
+    lines = [f"Over {len(found)} models: {sum(c.fitted for c in found)}/{budgets} budgets fit, "
+             f"{sum(c.below_line for c in found)}/{budgets} at or below the hand line"]
+    if compiles:
+        lines.append(f"{np.mean(compiles):.1f} compiles per budget")
+    if errors.size:
+        lines.append(
+            f"the model's error over {errors.size} plans: median |error| "
+            f"{np.median(np.abs(errors)):.1%}, {np.mean(np.abs(errors) <= 0.05):.0%} within 5%, "
+            f"{np.sum(errors < 0)} under the compiler, from {errors.min():+.1%} to "
+            f"{errors.max():+.1%}")
+    return "; ".join(lines) + "."
+
+
 def hand_table(sweeps: Sequence[Sweep]) -> str:
     """Each compiled sweep against its hand baseline, as a markdown table."""
     lines = ["| model | no remat MiB | hand MiB | autoremat floor MiB | floor vs hand "

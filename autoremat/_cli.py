@@ -506,7 +506,7 @@ def _write_corpus_summary(sweeps: list[_benchmark.Sweep], out: pathlib.Path, tar
              "over the swept budgets, how many plans the compiler fits, how many lie at or "
              "below the straight line from the hand baseline to no remat, the compiles per "
              "budget and the model's worst error. Each model's sweep is in `corpus/`.\n",
-             table, ""]
+             table, "", _benchmark.corpus_totals(sweeps), ""]
     (out / "corpus.md").write_text("\n".join(lines))
     (out / "corpus.json").write_text(json.dumps(
         {"command": command,

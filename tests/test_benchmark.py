@@ -57,6 +57,21 @@ def test_a_budget_without_a_verified_plan_counts_as_not_fitting():
     assert c is not None
     assert (c.budgets, c.fitted, c.below_line) == (2, 1, 1)
     assert "| 1/2 | 1/2 |" in _benchmark.hand_table([sweep])
+    assert _benchmark.corpus_totals([sweep]).startswith(
+        "Over 1 models: 1/2 budgets fit, 1/2 at or below the hand line")
+
+
+def test_corpus_totals_give_the_distribution_of_the_models_error():
+    row = lambda predicted, real: _benchmark.Row(  # noqa: E731
+        "autoremat", "a", budget_bytes=400 * MIB, predicted_peak_bytes=predicted * MIB,
+        real_peak_bytes=real * MIB, compiles=2)
+    sweep = _sweep(_builtin("no checkpoint", 400, 0.0), _builtin("nothing_saveable", 200, 0.2),
+                   _benchmark.Row("autoremat", "floor", real_peak_bytes=190 * MIB),
+                   row(102, 100), row(90, 100), row(130, 100))
+    totals = _benchmark.corpus_totals([sweep])
+    assert "2.0 compiles per budget" in totals
+    assert ("over 3 plans: median |error| 10.0%, 33% within 5%, 1 under the compiler, "
+            "from -10.0% to +30.0%") in totals
 
 
 def test_structure_names_what_a_placement_restructures():
