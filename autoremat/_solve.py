@@ -265,8 +265,10 @@ def _fused_chains(graph: Graph, problem: ilp.Problem
     chain: list[frozenset[int]] = []
     for k, v in enumerate(graph.values):
         inputs = [index[u] for u in v.inputs]
-        starts.append(frozenset().union(*(starts[j] if through[j] else {j} for j in inputs)))
-        chain.append(frozenset({k}).union(*(chain[j] for j in inputs if through[j])))
+        # A chain stops at the region's inputs: what another region reads is kept.
+        fused_in = [j for j in inputs if through[j] and graph.values[j].region == v.region]
+        starts.append(frozenset().union(*(starts[j] if j in fused_in else {j} for j in inputs)))
+        chain.append(frozenset({k}).union(*(chain[j] for j in fused_in)))
         through[k] = (v.fused and segment[v.region] and k not in read_whole
                       and not v.replays_barrier
                       and bool(problem.can_recompute[k])

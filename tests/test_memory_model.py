@@ -149,6 +149,36 @@ def test_as_written_elementwise_residuals_fuse_back_to_the_dots():
     assert written.peak_bytes < nothing.peak_bytes
 
 
+def _prenorm_residual_net(ws, x):
+    """Pre-norm residual blocks ``x + relu(norm(x) @ w1) @ w2``, as a transformer's."""
+    for w1, w2 in ws:
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        x = x + jax.nn.relu(h @ w1) @ w2
+    return jnp.sum(x.astype(jnp.float32) ** 2)
+
+
+def test_as_written_a_chain_stops_at_its_regions_inputs():
+    """A region run as written keeps what another region reads: its elementwise chains
+    start there, not at the dots of earlier regions (a residual stream's adds chain back
+    through every block: llama-unrolled's head, as written, was modelled saving two dots
+    of every block)."""
+    ws = [(jax.ShapeDtypeStruct((256, 1024), jnp.bfloat16),
+           jax.ShapeDtypeStruct((1024, 256), jnp.bfloat16)) for _ in range(4)]
+    args = (ws, jax.ShapeDtypeStruct((512, 256), jnp.bfloat16))
+    flat_fn, _, avals, _ = _rewrite.flat_function(_prenorm_residual_net, args, {})
+    program = _trace.trace(flat_fn, avals)[0]
+    adds = [k + 1 for k, e in enumerate(program.eqns) if e.primitive.name == "add"
+            and program.avals[e.outs[0]].shape == (512, 256)]
+    graph = _trace.trace(flat_fn, avals, Placement(tuple(adds[:-1]), barriers=False))[2]
+    through, starts, chain = _solve._fused_chains(graph, _solve.problem_of(graph))
+    region = graph.array("region")
+    assert len(graph.regions) == len(ws)
+    crossing = [k for k in np.flatnonzero(through) if (region[list(starts[k])] < region[k]).any()]
+    assert crossing  # chains that start at an earlier block's output
+    for k in np.flatnonzero(through):
+        assert set(region[list(chain[k])]) == {region[k]}
+
+
 def _scanned_gelu_mlp(unroll):
     def loss(ws, x):
         x, _ = jax.lax.scan(lambda h, w: (jax.nn.gelu(h @ w), None), x, ws, unroll=unroll)
