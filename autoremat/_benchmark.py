@@ -136,8 +136,9 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
       target: the compiler to measure with (see :data:`autoremat.TARGETS`); ``None`` for
         the analytic model alone, budgets then spanning the floor to the model's no-remat
         peak.
-      num_budgets: how many budgets, from the floor plan's real peak to the compiler's
-        no-checkpoint peak (the floor plan itself is one more row).
+      num_budgets: how many budgets, from the floor plan's real peak
+        (:func:`lowest_budget`) to the compiler's no-checkpoint peak (the floor plan itself
+        is one more row).
       options: how every plan is made (:class:`autoremat.PlanOptions`; its time limit is
         per plan, per closed-loop round; ``verify`` the target for the closed loop).
       policies: the names of :data:`BUILTIN_POLICIES` to measure, each applied to every
@@ -183,8 +184,7 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
             status=lowest.status, solve_seconds=lowest.solve_seconds,
             compiles=lowest.verify_compiles, regions=_regions(lowest),
             structure=structure(lowest.placement)), lowest.apply(loss))
-    # On the compiler, budgets run from the floor plan's real peak.
-    low = max(floor, rows[-1].real_peak_bytes or floor)
+    low = lowest_budget(floor, rows[-1].real_peak_bytes, verified=options.verify is not None)
     top = (base.peak_bytes if base is not None else plan_with(
         loss, args, {}, 1.0, PlanOptions(layout=options.resolved_layout)).peak_bytes)
     for budget in budgets_between(low, max(top, low), num_budgets):
@@ -204,6 +204,16 @@ def sweep(model: zoo.ZooModel, *, target: str | None = "tpu-v5e", num_budgets: i
                                 compiles=p.verify_compiles, regions=_regions(p),
                                 structure=structure(p.placement)), p.apply(loss))
     return Sweep(model.name, model.description, target, floor, tuple(rows), versions())
+
+
+def lowest_budget(model_floor: int, real_floor: int | None, verified: bool) -> int:
+    """The sweep's lowest budget: the floor plan's real peak where it was compiled, and
+    with ``verified`` (the closed loop plans below the model's floor) even where the
+    model puts the floor above it; else never below the model's floor, under which the
+    model has no plan."""
+    if real_floor is None:
+        return model_floor
+    return real_floor if verified else max(model_floor, real_floor)
 
 
 def _regions(p: Plan) -> int:

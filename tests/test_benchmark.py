@@ -33,6 +33,15 @@ def _plan(peak_mib: int, overhead: float) -> _benchmark.Row:
                           compiler_overhead=overhead)
 
 
+def test_a_verified_sweep_starts_at_the_floors_real_peak_below_the_models():
+    """penzai-llama-stack: its floor modelled at 368.55 MiB compiled at 221.3, under no
+    remat's 348 MiB; its budgets started at the model's figure, above no remat."""
+    assert _benchmark.lowest_budget(386 * MIB, 232 * MIB, verified=True) == 232 * MIB
+    assert _benchmark.lowest_budget(386 * MIB, 232 * MIB, verified=False) == 386 * MIB
+    assert _benchmark.lowest_budget(200 * MIB, 232 * MIB, verified=False) == 232 * MIB
+    assert _benchmark.lowest_budget(200 * MIB, None, verified=True) == 200 * MIB
+
+
 def test_frontier_is_the_mixing_line_between_adjacent_builtins():
     low, mid, high = _builtin("a", 1000, 0.20), _builtin("b", 2000, 0.04), _builtin("c", 4000, 0.0)
     off_hull = _builtin("d", 1500, 0.19)  # above the a-b line: not on the frontier
