@@ -2,12 +2,16 @@
 step (the second stage bound), a skip connection's cotangent is held across the layers it
 skips (the model over a problem: tests/ilp/test_memory.py)."""
 
+import dataclasses
+
+import autoremat_ilp as ilp
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from autoremat import _rewrite, _solve, _trace
 from autoremat._placement import Placement
+from tests.ilp.examples import two_regions
 
 
 def test_activations_larger_than_every_weight_cannot_share_the_gradients():
@@ -218,3 +222,14 @@ def test_as_written_keeps_what_a_convolution_reads():
                    for u in v.inputs}
     assert conv_inputs and not any(through[k] for k, v in enumerate(graph.values)
                                    if v.id in conv_inputs)
+
+
+def test_unshared_counts_every_saved_value_beside_all_the_reserved_buffers():
+    problem = dataclasses.replace(two_regions(np.array([[True, True]])),
+                                  reserved_room=np.array([20]))
+    save = np.array([True, True])
+    # With the room: 70 + 100 - 20 and 70 + 110 - 20; unshared, none of it.
+    assert ilp.stage_bytes(problem, save, ~save).tolist()[:2] == [150, 160]
+    assert ilp.stage_bytes(_solve.unshared(problem), save, ~save).tolist()[:2] == [170, 180]
+    plain = two_regions(None)
+    assert _solve.unshared(plain) is plain

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import autoremat_ilp as ilp
@@ -15,11 +16,13 @@ from autoremat._planner._candidates import (
     Candidate,
     SolverClock,
     checked,
+    modelled_peak,
     no_remat_baselines,
     no_remat_plan,
     per_layer_floor,
     plan_of,
     runs_as_written,
+    unshared_peak,
     within_model_error,
 )
 from autoremat._planner._options import PlanOptions
@@ -32,8 +35,11 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
                 within: float = 0.0) -> list[Plan]:
     """For each placement whose least peak is within ``within`` (a fraction) of the least
     over the placements, lowest first, its floor plan (:func:`_floor_plan`); first, one
-    remat per layer where the model holds it lower or cannot tell it from them
-    (:func:`autoremat._planner._candidates.per_layer_floor`), and before it the function
+    remat per layer where the model holds it lower or cannot tell it from them, as
+    modelled or where no saved value shares the gradients' buffers (the solver leans on
+    that sharing where the compiler does not follow:
+    :func:`autoremat._planner._candidates.per_layer_floor`,
+    :func:`autoremat._planner._candidates.unshared_peak`), and before it the function
     as written where the model holds it no higher than every plan after, or holds every
     plan after less than ``MODEL_ERROR`` of its activation memory lower
     (:func:`autoremat._planner._candidates.within_model_error`): the compiler fuses in
@@ -64,10 +70,13 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
     floors = [_floor_plan(lowest[k], peak, solves, no_remat, options, clock,
                           left=2 * (len(chosen) - i))
               for i, (peak, k) in enumerate(chosen)]
-    layered = per_layer_floor(candidates, options, no_remat, below=floors[0].peak_bytes)
+    unshared = functools.partial(unshared_peak, options=options)
+    layered = per_layer_floor(candidates, options, no_remat, below=[
+        (floors[0].peak_bytes, modelled_peak), (min(map(unshared, floors)), unshared)])
     if layered is not None:
         floors.insert(0, layered)
-    if not within_model_error(floors[0].peak_bytes, nothing.peak_bytes, graph.fixed_bytes):
+    lowest_peak = min(f.peak_bytes for f in floors)
+    if not within_model_error(lowest_peak, nothing.peak_bytes, graph.fixed_bytes):
         return floors
     nothing = dataclasses.replace(nothing, status="feasible")
     return [no_remat_plan(facts, graph, nothing, nothing.peak_bytes, no_remat, options),

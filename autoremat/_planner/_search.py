@@ -20,6 +20,7 @@ from autoremat._planner._candidates import (
     SolveLimits,
     SolverClock,
     checked,
+    modelled_peak,
     near_no_remat,
     no_remat_baselines,
     no_remat_plan,
@@ -127,7 +128,8 @@ def _per_layer_within(candidates: Sequence[Candidate], budget_bytes: int, no_rem
       InfeasibleBudgetError: it does not fit either; the smallest feasible budget is the
         lower of its peak and the solved plans' floor (``infeasible.floor_bytes``).
     """
-    layered = per_layer_floor(candidates, options, no_remat_peak, below=infeasible.floor_bytes)
+    layered = per_layer_floor(candidates, options, no_remat_peak,
+                              below=[(infeasible.floor_bytes, modelled_peak)])
     if layered is None:
         raise infeasible
     needed = layered.peak_bytes + margins.of(layered.placement)
