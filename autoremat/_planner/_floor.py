@@ -40,8 +40,8 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
     that sharing where the compiler does not follow:
     :func:`autoremat._planner._candidates.per_layer_floor`,
     :func:`autoremat._planner._candidates.unshared_peak`), and before it the function
-    as written where the model holds it no higher than every plan after, or holds every
-    plan after less than ``MODEL_ERROR`` of its activation memory lower
+    as written where the model holds it no higher than the first plan after, or holds
+    every plan after less than ``MODEL_ERROR`` of its activation memory lower
     (:func:`autoremat._planner._candidates.within_model_error`): the compiler fuses in
     it what no checkpointed plan can (:func:`autoremat._solve.as_written`), so it is
     the safer plan where the model cannot tell them apart (an Equinox MLP of eight
@@ -76,7 +76,8 @@ def floor_plans(candidates: Sequence[Candidate], options: PlanOptions, clock: So
     if layered is not None:
         floors.insert(0, layered)
     lowest_peak = min(f.peak_bytes for f in floors)
-    if not within_model_error(lowest_peak, nothing.peak_bytes, graph.fixed_bytes):
+    if nothing.peak_bytes > floors[0].peak_bytes and not within_model_error(
+            lowest_peak, nothing.peak_bytes, graph.fixed_bytes):
         return floors
     nothing = dataclasses.replace(nothing, status="feasible")
     return [no_remat_plan(facts, graph, nothing, nothing.peak_bytes, no_remat, options),
