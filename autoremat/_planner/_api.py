@@ -33,6 +33,7 @@ from autoremat._planner._candidates import (
     as_written_plan,
     candidates,
     obvious_plans,
+    per_layer_plan,
 )
 from autoremat._planner._closed_loop import ClosedLoop, decisions, verified_floor
 from autoremat._planner._floor import floor_plans
@@ -206,7 +207,8 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
                       options.refine_rounds,
                       fallbacks=lambda: _floor_contenders(found, options),
                       no_remat=lambda peak: as_written_plan(found, options, peak),
-                      by_hand=lambda: obvious_plans(found, options)[1:])
+                      by_hand=lambda peak: [per_layer_plan(found, options, peak, around)
+                                            for around in (False, True)])
     return loop.run(budget)
 
 

@@ -78,7 +78,8 @@ class ClosedLoop:
         recomputes less, and the compiler may fit it.
       near_no_remat: a plan compiled so far recomputes at most ``NEAR_NO_REMAT``.
       by_hand: the plans of one remat per layer
-        (:func:`autoremat._planner._candidates.per_layer_plan`), each compiled once a plan
+        (:func:`autoremat._planner._candidates.per_layer_plan`), of the model's no-remat
+        peak (the argument, as for ``no_remat``), each compiled once a plan
         fits where it recomputes less than that plan and the model's errors so far allow
         it to fit: the model can put a plan that recomputes more under the one a user
         writes by hand while the compiler fits both (a Flax Linen CNN at 140.9 MiB: a plan
@@ -103,7 +104,7 @@ class ClosedLoop:
     fallbacks: Callable[[], Sequence[Plan]] = tuple
     no_remat: Callable[[int], Plan] | None = None
     near_no_remat: bool = False
-    by_hand: Callable[[], Sequence[Plan]] = tuple
+    by_hand: Callable[[int], Sequence[Plan]] = lambda _: ()
 
     def run(self, budget: Budget) -> Plan:
         """A plan whose compiler peak fits ``budget``: the cheapest found within the rounds.
@@ -171,16 +172,22 @@ class ClosedLoop:
         the model puts it at most the budget plus the lowest error seen (the compiler's
         peak less the model's), and is the best where it fits."""
         assert self.budget_bytes is not None and self.best is not None  # a plan fit
-        for plan in self.by_hand():
-            if (recompute_cost(plan) >= recompute_cost(self.best)
-                    or decisions(plan) in self.compiled
-                    or plan.peak_bytes + min(self.errors.values()) > self.budget_bytes):
-                continue
-            self.compiled.add(decisions(plan))
-            peak = self.compiled_peak(plan)
-            self.learn(plan, peak)
-            if peak <= self.budget_bytes:
-                self.fitted(plan, peak)
+        for plan in self.by_hand(self.best.no_remat_peak_bytes):
+            if (recompute_cost(plan) < recompute_cost(self.best)
+                    and plan.peak_bytes + min(self.errors.values()) <= self.budget_bytes):
+                self.compile_once(plan)
+
+    def compile_once(self, plan: Plan) -> None:
+        """Compiles ``plan`` unless it was already, and keeps it where it fits."""
+        assert self.budget_bytes is not None  # set by the rounds
+        decided = decisions(plan)
+        if decided in self.compiled:
+            return
+        self.compiled.add(decided)
+        peak = self.compiled_peak(plan)
+        self.learn(plan, peak)
+        if peak <= self.budget_bytes:
+            self.fitted(plan, peak)
 
     def room_left(self) -> bool:
         """The best plan's compiler peak leaves more than ``ROOM_LEFT`` of the budget
@@ -196,18 +203,8 @@ class ClosedLoop:
         recomputes at most ``LITTLE_RECOMPUTE`` or leaves more than ``ROOM_LEFT`` of the
         budget unused: the plan that recomputes nothing
         (``no_remat_peak``: its modelled peak) is the best instead where it fits."""
-        assert self.budget_bytes is not None  # set by the rounds
-        if self.no_remat is None:
-            return
-        plan = self.no_remat(no_remat_peak)
-        decided = decisions(plan)
-        if decided in self.compiled:
-            return
-        self.compiled.add(decided)
-        peak = self.compiled_peak(plan)
-        self.learn(plan, peak)
-        if peak <= self.budget_bytes:
-            self.fitted(plan, peak)
+        if self.no_remat is not None:
+            self.compile_once(self.no_remat(no_remat_peak))
 
     def rounds_left(self) -> bool:
         """Compiles are left: ``verify_rounds`` until a plan fits, ``refine_rounds`` after."""

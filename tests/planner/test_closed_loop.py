@@ -290,7 +290,7 @@ def test_a_fitting_plan_gives_way_to_a_cheaper_one_by_hand_that_fits_too(base):
         compiled = []
         loop = dataclasses.replace(
             _loop(lambda b, m: fits, lambda p: compiled.append(p) or peaks[p.recompute_flops]),
-            by_hand=lambda: by_hand)
+            by_hand=lambda _: by_hand)
         return loop.run(BUDGET), compiled
 
     plan, compiled = run(far, dearer, near)
