@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -26,9 +27,16 @@ from autoremat._planner._candidates import (
     no_remat_plan,
     per_layer_floor,
     plan_of,
+    runs_as_written,
     within_model_error,
 )
 from autoremat._planner._options import PlanOptions
+
+
+# Once a placement has a plan, the next are searched only for plans cheaper by more than
+# this part of its cost: closer, they are not worth the solver's time (proving a bound
+# that close took it seconds on a 24-layer Llama) and the plan counts as optimal.
+PLACEMENT_GAP = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,12 +107,17 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
     nothing = no_remat_baselines(placed)
     no_remat_peak = min(d.peak_bytes for _, _, d in nothing)
     budget_bytes = resolve_budget(budget, problems[0][0], no_remat_peak)
-    nothing_plans = [no_remat_plan(f, g, d, budget_bytes, no_remat_peak, options)
-                     for f, g, d in nothing]
+
+    def nothing_plan(k: int) -> Plan:
+        # Made only where returned: the function as written's saved bytes take a trace.
+        return no_remat_plan(*nothing[k], budget_bytes, no_remat_peak, options)
+
     for k, (graph, problem) in enumerate(problems):
-        outcomes.append(_solve_placement(graph, problem, nothing_plans[k], budget_bytes,
-                                         margins.of(graph.placement), options,
-                                         lambda k=k: clock.limits(len(candidates) - k)))
+        outcomes.append(_solve_placement(graph, problem, nothing[k][2].peak_bytes,
+                                         functools.partial(nothing_plan, k), budget_bytes,
+                                         no_remat_peak, margins.of(graph.placement), options,
+                                         lambda k=k: clock.limits(len(candidates) - k),
+                                         min(o.cost for o in outcomes) if outcomes else math.inf))
         if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
             break
     try:
@@ -113,7 +126,9 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
         plan = _per_layer_within(candidates, budget_bytes, no_remat_peak, margins, options, e)
     if options.verify is not None:
         return plan
-    return as_written_near_no_remat(plan, next((p for p in nothing_plans if p.no_remat), None))
+    written = next((k for k, (f, g, _) in enumerate(nothing) if runs_as_written(f, g)), None)
+    return as_written_near_no_remat(plan, None if written is None else
+                                    functools.partial(nothing_plan, written))
 
 
 def _per_layer_within(candidates: Sequence[Candidate], budget_bytes: int, no_remat_peak: int,
@@ -138,28 +153,35 @@ def _per_layer_within(candidates: Sequence[Candidate], budget_bytes: int, no_rem
     return dataclasses.replace(layered, budget_bytes=budget_bytes)
 
 
-def _solve_placement(graph: Graph, problem: ilp.Problem, nothing: Plan, budget_bytes: int,
-                     margin: int, options: PlanOptions,
-                     limits: Callable[[], SolveLimits]) -> _Outcome:
+def _solve_placement(graph: Graph, problem: ilp.Problem, nothing_peak: int,
+                     nothing: Callable[[], Plan], budget_bytes: int, no_remat_peak: int,
+                     margin: int, options: PlanOptions, limits: Callable[[], SolveLimits],
+                     cheapest: float) -> _Outcome:
     """The :class:`_Outcome` of one placement (``graph``) within ``budget_bytes - margin``
-    (``nothing``: its plan that recomputes nothing, the function as written on the
-    placement that models it closest where it runs as written)."""
+    (``nothing()``: its plan that recomputes nothing, the function as written on the
+    placement that models it closest where it runs as written; ``nothing_peak``: that
+    plan's modelled peak), searched among the plans cheaper by more than
+    :data:`PLACEMENT_GAP` than ``cheapest``, the cheapest plan of the placements solved
+    before."""
     replay = _solve.replay_cost(graph, problem)
     within = budget_bytes - margin
-    if within >= nothing.peak_bytes:
+    if within >= nothing_peak:
         # Saving everything fits, and recomputes nothing that can be saved: optimal.
-        return _Outcome(nothing, replay)
+        return _Outcome(nothing(), replay)
     if within < lower_bound(problem):
         return _Outcome(below=(problem, margin))
+    cutoff = None if math.isinf(cheapest) else cheapest * (1 - PLACEMENT_GAP) - replay
     result = checked(ilp.solve(problem, within, **limits(), backends=options.backends,
-                               progress=options.progress))
+                               progress=options.progress, cutoff=cutoff))
+    if result.status is ilp.Status.CUT_OFF:
+        return _Outcome(bound=cheapest, solve_seconds=result.wall_s)
     if result.status is ilp.Status.INFEASIBLE:
         return _Outcome(floor=result.peak + margin, solve_seconds=result.wall_s)
     bound = math.inf if result.status is ilp.Status.OPTIMAL else result.bound + replay
     if result.status is ilp.Status.NO_SOLUTION:
         return _Outcome(bound=bound, solve_seconds=result.wall_s)
     d = _solve.decisions(graph, problem, result)
-    return _Outcome(plan_of(graph, d, budget_bytes, nothing.no_remat_peak_bytes, options),
+    return _Outcome(plan_of(graph, d, budget_bytes, no_remat_peak, options),
                     result.cost + replay, bound, solve_seconds=result.wall_s)
 
 
@@ -190,8 +212,8 @@ def _cheapest(outcomes: Sequence[_Outcome], budget_bytes: int, options: PlanOpti
         f"{format_bytes(budget_bytes)}; raise time_limit_s or the budget.")
 
 
-def as_written_near_no_remat(plan: Plan, written: Plan | None) -> Plan:
-    """``plan``, or ``written``, the function as written for the same budget (``None``
+def as_written_near_no_remat(plan: Plan, written: Callable[[], Plan] | None) -> Plan:
+    """``plan``, or ``written()``, the function as written for the same budget (``None``
     where no placement runs it), where ``plan`` is :func:`near_no_remat` and the model puts
     its activation memory (its peak less the arguments and gradients) less than
     ``MODEL_ERROR`` below the function as written's.
@@ -211,4 +233,4 @@ def as_written_near_no_remat(plan: Plan, written: Plan | None) -> Plan:
                               plan.graph.fixed_bytes):
         return plan
     # Not solved for: feasible, as the closed loop's plan of the function as written is.
-    return dataclasses.replace(written, status="feasible", solve_seconds=plan.solve_seconds)
+    return dataclasses.replace(written(), status="feasible", solve_seconds=plan.solve_seconds)

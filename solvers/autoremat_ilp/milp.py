@@ -147,6 +147,7 @@ def solve_milp(
     node_limit: int | None = None,
     relative_gap: float = 0.0,
     progress: Progress | None = None,
+    cutoff: float | None = None,
 ) -> MilpResult:
     """Solves ``milp`` with a MIP backend (see the module docstring).
 
@@ -162,12 +163,17 @@ def solve_milp(
         and every quarter second or so after one was found, and once at the end with the
         final solution and bound (with every backend) when there is a solution. An
         exception it raises stops the solve and is raised again here.
+      cutoff: only solutions whose objective is at most this are searched for; where
+        there is none, the result is ``INFEASIBLE``.
 
     Returns:
       A :class:`MilpResult`; ``x`` is rounded for integer variables.
     """
+    if cutoff is not None and (backend != "HIGHS" or not milp.integer.any()):
+        # HiGHS takes a cutoff for integer programs only.
+        milp, cutoff = _with_objective_row(milp, cutoff), None
     if backend == "HIGHS":
-        result = _solve_highspy(milp, time_limit_s, node_limit, relative_gap, progress)
+        result = _solve_highspy(milp, time_limit_s, node_limit, relative_gap, progress, cutoff)
     else:
         result = _solve_ortools(milp, backend, time_limit_s, node_limit, relative_gap)
     if progress is not None and result.x is not None:
@@ -175,8 +181,16 @@ def solve_milp(
     return result
 
 
+def _with_objective_row(milp: Milp, cutoff: float) -> Milp:
+    """``milp`` with the row ``c @ x <= cutoff``."""
+    return dataclasses.replace(
+        milp, A=sp.vstack([milp.A, sp.csr_matrix(milp.c[None, :])], format="csr"),
+        row_lb=np.append(milp.row_lb, -np.inf), row_ub=np.append(milp.row_ub, cutoff))
+
+
 def _solve_highspy(milp: Milp, time_limit_s: float | None, node_limit: int | None,
-                   relative_gap: float, progress: Progress | None) -> MilpResult:
+                   relative_gap: float, progress: Progress | None, cutoff: float | None
+                   ) -> MilpResult:
     # The raw binding: the public ``highspy.Highs`` prints HiGHS's banner on stdout when
     # it is made, before output can be switched off.
     h = highspy._Highs()  # pyright: ignore[reportAttributeAccessIssue]
@@ -187,6 +201,8 @@ def _solve_highspy(milp: Milp, time_limit_s: float | None, node_limit: int | Non
         h.setOptionValue("time_limit", max(1e-3, float(time_limit_s)))
     if node_limit is not None:
         h.setOptionValue("mip_max_nodes", int(node_limit))
+    if cutoff is not None:
+        h.setOptionValue("objective_bound", float(cutoff))
     h.passModel(_to_highs_lp(milp))
     start = time.perf_counter()
     errors: list[BaseException] = []
@@ -202,14 +218,19 @@ def _solve_highspy(milp: Milp, time_limit_s: float | None, node_limit: int | Non
         return MilpResult(Status.INFEASIBLE, None, math.inf, math.inf, wall_s)
     timed_out = status == highspy.HighsModelStatus.kTimeLimit
     info = h.getInfo()
+    bound = float(info.mip_dual_bound) if milp.integer.any() else -math.inf
     if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-        return MilpResult(Status.NO_SOLUTION, None, math.inf, -math.inf, wall_s, timed_out)
+        return MilpResult(Status.NO_SOLUTION, None, math.inf, bound, wall_s, timed_out)
     x = np.asarray(h.getSolution().col_value)
     x = np.where(milp.integer, np.round(x), x)
     objective = float(milp.c @ x)
+    if cutoff is not None and objective > cutoff + 1e-9 * max(1.0, abs(cutoff)):
+        # HiGHS may hold a solution above its cutoff, found outside the search it prunes.
+        if status == highspy.HighsModelStatus.kOptimal:
+            return MilpResult(Status.INFEASIBLE, None, math.inf, math.inf, wall_s)
+        return MilpResult(Status.NO_SOLUTION, None, math.inf, bound, wall_s, timed_out)
     if status == highspy.HighsModelStatus.kOptimal:
         return MilpResult(Status.OPTIMAL, x, objective, objective, wall_s)
-    bound = float(info.mip_dual_bound) if milp.integer.any() else -math.inf
     return MilpResult(Status.FEASIBLE, x, objective, bound, wall_s, timed_out)
 
 

@@ -22,8 +22,8 @@ __all__ = ["solve", "solve_min_peak"]
 
 def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
           node_limit: int | None = None, relative_gap: float = 1e-4,
-          backends: tuple[str, ...] = ("HIGHS", "SCIP"), progress: Progress | None = None
-          ) -> Solution:
+          backends: tuple[str, ...] = ("HIGHS", "SCIP"), progress: Progress | None = None,
+          cutoff: float | None = None) -> Solution:
     """The least-cost plan whose peak is at most ``budget`` bytes.
 
     The backends are tried in turn, sharing ``time_limit_s``, until one proves its plan
@@ -46,6 +46,10 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
         with the seconds since this call, the cost of the best plan found so far and a
         lower bound on the least cost, and once at the end with the returned plan's cost
         when there is a plan. It does not change the result.
+      cutoff: only plans costing at most this are searched for (say, less than a plan
+        found already elsewhere); where none fits the budget, the status is ``CUT_OFF``
+        (whether any plan fits is then not known), and no search for a plan of the least
+        peak is made when none is found.
 
     Returns:
       A :class:`~autoremat_ilp.problem.Solution`, pruned
@@ -54,7 +58,7 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
     start = time.perf_counter()
     report = None if progress is None else _running_best(progress, start, cost_unit(problem))
     result = _portfolio(problem, budget, time_limit_s, node_limit, relative_gap, backends,
-                        report)
+                        report, cutoff)
     if progress is not None and result.save is not None:
         progress(time.perf_counter() - start, result.cost, min(result.bound, result.cost))
     return result
@@ -127,18 +131,21 @@ def _running_best(progress: Progress, start: float, unit: float) -> Progress:
 
 
 def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: int | None,
-               relative_gap: float, backends: tuple[str, ...], progress: Progress | None
-               ) -> Solution:
+               relative_gap: float, backends: tuple[str, ...], progress: Progress | None,
+               cutoff: float | None) -> Solution:
     """The result of the backends tried in turn; ``timed_out`` where the time limit
     stopped any solve it was chosen among."""
     start = time.perf_counter()
     best: Solution | None = None
     share = time_limit_s / len(backends)
-    timed_out = False
+    timed_out, bound = False, -math.inf
     for backend in backends:
         res = _solve_within_budget(problem, budget, share, node_limit, relative_gap, backend,
-                                   progress)
-        timed_out |= res.timed_out
+                                   progress, cutoff)
+        timed_out, bound = timed_out or res.timed_out, max(bound, res.bound)
+        if res.status is Status.INFEASIBLE and cutoff is not None:
+            return dataclasses.replace(res, status=Status.CUT_OFF, peak=-1,
+                                       wall_s=time.perf_counter() - start, timed_out=timed_out)
         if res.status is Status.OPTIMAL:
             return dataclasses.replace(res, wall_s=time.perf_counter() - start,
                                        timed_out=timed_out)
@@ -146,6 +153,9 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
             break
         if res.save is not None and (best is None or res.cost < best.cost):
             best = res
+    if best is None and cutoff is not None:
+        return dataclasses.replace(res, status=Status.NO_SOLUTION, bound=bound,
+                                   wall_s=time.perf_counter() - start, timed_out=timed_out)
     if best is None:
         floor = solve_min_peak(problem, time_limit_s=share, node_limit=node_limit,
                                backend=backends[0])
@@ -164,7 +174,7 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
 
 def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
                          node_limit: int | None, relative_gap: float, backend: str,
-                         progress: Progress | None) -> Solution:
+                         progress: Progress | None, cutoff: float | None) -> Solution:
     start = time.perf_counter()
 
     def on(sub: Problem) -> Solution:
@@ -173,7 +183,8 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
             model = build_model(sub, budget - margin)
             res = _solution(sub, model, solve_milp(
                 model.milp, backend=backend, time_limit_s=_left(time_limit_s, start),
-                node_limit=node_limit, relative_gap=relative_gap, progress=progress))
+                node_limit=node_limit, relative_gap=relative_gap, progress=progress,
+                cutoff=None if cutoff is None else cutoff / model.unit))
             # The solver's feasibility tolerance is relative; the exact peak decides.
             if res.save is None or res.peak <= budget:
                 return res

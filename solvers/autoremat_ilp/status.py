@@ -15,3 +15,4 @@ class Status(str, enum.Enum):
     FEASIBLE = "feasible"  # a solution, optimality not proven (time limit): see the gap
     INFEASIBLE = "infeasible"  # proven: no solution fits
     NO_SOLUTION = "no_solution"  # none found (time limit, or a heuristic that does not fit)
+    CUT_OFF = "cut_off"  # proven: no solution costs at most the cutoff the solve was given

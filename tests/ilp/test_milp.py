@@ -35,6 +35,17 @@ def test_highs_and_scip_reach_the_same_optimum():
 
 
 @pytest.mark.parametrize("backend", ["HIGHS", "SCIP"])
+def test_a_cutoff_keeps_the_solutions_at_or_below_it(backend):
+    model = _model()
+    best = solve_milp(model, backend=backend, relative_gap=1e-6)
+    assert solve_milp(model, backend=backend, relative_gap=1e-6,
+                      cutoff=best.objective * (1 + 1e-6)).objective == pytest.approx(
+                          best.objective, rel=1e-6)
+    assert solve_milp(model, backend=backend, cutoff=best.objective - 0.01).status is \
+        Status.INFEASIBLE
+
+
+@pytest.mark.parametrize("backend", ["HIGHS", "SCIP"])
 def test_progress_reports_best_above_bound_and_ends_with_the_result(backend):
     calls = []
     result = solve_milp(_model(), backend=backend, progress=lambda *a: calls.append(a))

@@ -52,6 +52,17 @@ def test_every_backend_finds_the_least_cost_plan(backends):
     assert ilp.violations(problem, tight.save, tight.recompute) == []
 
 
+@pytest.mark.parametrize("backends", [("HIGHS",), ("SCIP",)])
+def test_a_cutoff_below_the_least_cost_says_so_and_one_at_it_finds_the_plan(backends):
+    problem = dataclasses.replace(chain(), must_cover=np.array([True, True, False, True]))
+    at = ilp.solve(problem, 32, backends=backends, cutoff=1.0)
+    assert at.status is ilp.Status.OPTIMAL and at.cost == 1
+    below = ilp.solve(problem, 32, backends=backends, cutoff=0.5)
+    assert below.status is ilp.Status.CUT_OFF and below.save is None
+    # Below the floor as well: a cutoff does not look for the least peak.
+    assert ilp.solve(problem, 1, backends=backends, cutoff=0.5).status is ilp.Status.CUT_OFF
+
+
 def test_an_infeasible_budget_reports_the_least_peak():
     problem = chain()
     low = ilp.solve_min_peak(problem)
