@@ -32,7 +32,6 @@ from autoremat._planner._candidates import (
 )
 from autoremat._planner._options import PlanOptions
 
-
 # Once a placement has a plan, the next are searched only for plans cheaper by more than
 # this part of its cost: closer, they are not worth the solver's time (proving a bound
 # that close took it seconds on a 24-layer Llama) and the plan counts as optimal.

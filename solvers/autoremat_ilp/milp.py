@@ -148,6 +148,7 @@ def solve_milp(
     relative_gap: float = 0.0,
     progress: Progress | None = None,
     cutoff: float | None = None,
+    start: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> MilpResult:
     """Solves ``milp`` with a MIP backend (see the module docstring).
 
@@ -165,6 +166,9 @@ def solve_milp(
         exception it raises stops the solve and is raised again here.
       cutoff: only solutions whose objective is at most this are searched for; where
         there is none, the result is ``INFEASIBLE``.
+      start: a solution to start from, ``(columns, values)``, of the integer columns or
+        more; the backend completes the other columns (HiGHS: an LP with these fixed)
+        and searches on from it (a hint to OR-tools' backends).
 
     Returns:
       A :class:`MilpResult`; ``x`` is rounded for integer variables.
@@ -173,9 +177,10 @@ def solve_milp(
         # HiGHS takes a cutoff for integer programs only.
         milp, cutoff = _with_objective_row(milp, cutoff), None
     if backend == "HIGHS":
-        result = _solve_highspy(milp, time_limit_s, node_limit, relative_gap, progress, cutoff)
+        result = _solve_highspy(milp, time_limit_s, node_limit, relative_gap, progress, cutoff,
+                                start)
     else:
-        result = _solve_ortools(milp, backend, time_limit_s, node_limit, relative_gap)
+        result = _solve_ortools(milp, backend, time_limit_s, node_limit, relative_gap, start)
     if progress is not None and result.x is not None:
         progress(result.wall_s, result.objective, min(result.bound, result.objective))
     return result
@@ -189,8 +194,8 @@ def _with_objective_row(milp: Milp, cutoff: float) -> Milp:
 
 
 def _solve_highspy(milp: Milp, time_limit_s: float | None, node_limit: int | None,
-                   relative_gap: float, progress: Progress | None, cutoff: float | None
-                   ) -> MilpResult:
+                   relative_gap: float, progress: Progress | None, cutoff: float | None,
+                   start: tuple[np.ndarray, np.ndarray] | None) -> MilpResult:
     # The raw binding: the public ``highspy.Highs`` prints HiGHS's banner on stdout when
     # it is made, before output can be switched off.
     h = highspy._Highs()  # pyright: ignore[reportAttributeAccessIssue]
@@ -204,6 +209,10 @@ def _solve_highspy(milp: Milp, time_limit_s: float | None, node_limit: int | Non
     if cutoff is not None:
         h.setOptionValue("objective_bound", float(cutoff))
     h.passModel(_to_highs_lp(milp))
+    if start is not None:
+        columns, values = start
+        h.setSolution(len(columns), np.asarray(columns, dtype=np.int32),
+                      np.asarray(values, dtype=float))
     start = time.perf_counter()
     errors: list[BaseException] = []
     if progress is not None:
@@ -283,7 +292,8 @@ def _report_progress(h: Any, progress: Progress, start: float,
 
 
 def _solve_ortools(milp: Milp, backend: str, time_limit_s: float | None,
-                   node_limit: int | None, relative_gap: float) -> MilpResult:
+                   node_limit: int | None, relative_gap: float,
+                   start: tuple[np.ndarray, np.ndarray] | None) -> MilpResult:
     solver = pywraplp.Solver.CreateSolver(backend)
     if solver is None:
         raise ValueError(f"OR-tools has no MIP backend {backend!r}; use 'HIGHS', 'SCIP' or 'CBC'")
@@ -291,6 +301,9 @@ def _solve_ortools(milp: Milp, backend: str, time_limit_s: float | None,
     if err:
         raise RuntimeError(f"OR-tools rejected the model: {err}")
     solver.SuppressOutput()
+    if start is not None:
+        variables = solver.variables()
+        solver.SetHint([variables[int(j)] for j in start[0]], [float(v) for v in start[1]])
     if backend == "HIGHS":  # its banner ignores SuppressOutput
         solver.SetSolverSpecificParametersAsString("output_flag=false\n")
     if backend == "SCIP" and node_limit is not None:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from autoremat_ilp.greedy import greedy_plan
 from autoremat_ilp.memory import evaluate, prune, reserved_peaks
 from autoremat_ilp.milp import MilpResult, Progress, solve_milp
 from autoremat_ilp.model import Model, build_model, cost_unit
@@ -28,7 +29,9 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
 
     The backends are tried in turn, sharing ``time_limit_s``, until one proves its plan
     optimal (within ``relative_gap``) or infeasibility; otherwise the cheapest plan found
-    is returned with status ``FEASIBLE``. An ``INFEASIBLE`` result's ``peak`` is the
+    is returned with status ``FEASIBLE``. Each search starts from the plan of
+    :func:`~autoremat_ilp.greedy.greedy_plan` where it finds one, which is returned where
+    the backends find none of their own. An ``INFEASIBLE`` result's ``peak`` is the
     smallest peak any plan reaches (the budget to ask for instead). (Measured on
     GPT-2-small: each of HiGHS and SCIP sometimes stalls on a budget the other solves in
     seconds.) When no backend found a plan but the budget is at least the smallest
@@ -136,12 +139,15 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
     """The result of the backends tried in turn; ``timed_out`` where the time limit
     stopped any solve it was chosen among."""
     start = time.perf_counter()
+    first = greedy_plan(problem, budget)
+    if first is not None and cutoff is not None and evaluate(problem, *first)[0] > cutoff:
+        first = None
     best: Solution | None = None
     share = time_limit_s / len(backends)
     timed_out, bound = False, -math.inf
     for backend in backends:
         res = _solve_within_budget(problem, budget, share, node_limit, relative_gap, backend,
-                                   progress, cutoff)
+                                   progress, cutoff, first)
         timed_out, bound = timed_out or res.timed_out, max(bound, res.bound)
         if res.status is Status.INFEASIBLE and cutoff is not None:
             return dataclasses.replace(res, status=Status.CUT_OFF, peak=-1,
@@ -153,6 +159,10 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
             break
         if res.save is not None and (best is None or res.cost < best.cost):
             best = res
+    if best is None and first is not None:
+        cost, peak = evaluate(problem, *first)
+        best = Solution(Status.FEASIBLE, *first, cost, peak, bound,
+                        (cost - max(bound, 0.0)) / cost if cost > 0 else 0.0, 0.0, None)
     if best is None and cutoff is not None:
         return dataclasses.replace(res, status=Status.NO_SOLUTION, bound=bound,
                                    wall_s=time.perf_counter() - start, timed_out=timed_out)
@@ -174,7 +184,10 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
 
 def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
                          node_limit: int | None, relative_gap: float, backend: str,
-                         progress: Progress | None, cutoff: float | None) -> Solution:
+                         progress: Progress | None, cutoff: float | None,
+                         first: tuple[np.ndarray, np.ndarray] | None) -> Solution:
+    """The backend's plan within ``budget``, its search started from plan ``first``
+    (within the budget) where there is one."""
     start = time.perf_counter()
 
     def on(sub: Problem) -> Solution:
@@ -184,7 +197,8 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
             res = _solution(sub, model, solve_milp(
                 model.milp, backend=backend, time_limit_s=_left(time_limit_s, start),
                 node_limit=node_limit, relative_gap=relative_gap, progress=progress,
-                cutoff=None if cutoff is None else cutoff / model.unit))
+                cutoff=None if cutoff is None else cutoff / model.unit,
+                start=None if first is None or margin else _columns(model, *first)))
             # The solver's feasibility tolerance is relative; the exact peak decides.
             if res.save is None or res.peak <= budget:
                 return res
@@ -192,6 +206,16 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
         raise RuntimeError("solver kept returning plans over the budget")
 
     return _lazily(problem, on, budget)
+
+
+def _columns(model: Model, save: np.ndarray, recompute: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The plan ``(save, recompute)`` (nothing offloaded) as ``model``'s integer columns
+    and their values."""
+    x = model.variables
+    columns = [x.save, x.recompute, *([] if x.offload is None else [x.offload])]
+    values = [save, recompute, *([] if x.offload is None else [np.zeros_like(save)])]
+    return np.concatenate(columns), np.concatenate(values).astype(float)
 
 
 def _solution(problem: Problem, model: Model, result: MilpResult) -> Solution:

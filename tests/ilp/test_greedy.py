@@ -1,0 +1,38 @@
+"""The plan found without a solver, which starts the MILP's search."""
+
+import autoremat_ilp as ilp
+import numpy as np
+import pytest
+from autoremat_ilp.greedy import greedy_plan, region_plan
+
+from autoremat import _rewrite, _solve, _trace, zoo
+from autoremat._placement import Placement
+from tests.ilp.examples import chain, keep_or_recompute, released
+
+
+def _llama_problem() -> ilp.Problem:
+    model = zoo.ZOO["llama-unrolled-tiny"]
+    loss, args = model.make_loss(), (model.param_shapes(), model.batch_shapes())
+    flat_fn, _, avals, _ = _rewrite.flat_function(loss, args, {})
+    program = _trace.trace_program(flat_fn, avals)
+    return _solve.problem_of(_trace.graph_of(program, Placement(_trace.layer_cuts(program)))[1])
+
+
+@pytest.mark.parametrize("make", [chain, keep_or_recompute, lambda: released(chain()),
+                                  _llama_problem])
+def test_a_greedy_plan_is_valid_and_fits_from_the_least_peak_of_its_regions_on(make):
+    problem = make()
+    R = problem.num_regions
+    every = region_plan(problem, np.ones(R, dtype=bool))
+    kept = region_plan(problem, np.zeros(R, dtype=bool))
+    assert every is not None and kept is not None
+    lowest, highest = ilp.evaluate(problem, *every)[1], ilp.evaluate(problem, *kept)[1]
+    assert greedy_plan(problem, min(lowest, highest) - 1) is None
+    for budget in np.linspace(lowest, max(lowest, highest), 5).astype(int).tolist():
+        plan = greedy_plan(problem, budget)
+        assert plan is not None
+        assert ilp.violations(problem, *plan) == []
+        cost, peak = ilp.evaluate(problem, *plan)
+        assert peak <= budget
+        assert cost >= ilp.solve(problem, budget).cost
+    assert ilp.evaluate(problem, *greedy_plan(problem, highest))[0] == 0
