@@ -195,7 +195,7 @@ def _with_objective_row(milp: Milp, cutoff: float) -> Milp:
 
 def _solve_highspy(milp: Milp, time_limit_s: float | None, node_limit: int | None,
                    relative_gap: float, progress: Progress | None, cutoff: float | None,
-                   start: tuple[np.ndarray, np.ndarray] | None) -> MilpResult:
+                   first: tuple[np.ndarray, np.ndarray] | None) -> MilpResult:
     # The raw binding: the public ``highspy.Highs`` prints HiGHS's banner on stdout when
     # it is made, before output can be switched off.
     h = highspy._Highs()  # pyright: ignore[reportAttributeAccessIssue]
@@ -209,8 +209,8 @@ def _solve_highspy(milp: Milp, time_limit_s: float | None, node_limit: int | Non
     if cutoff is not None:
         h.setOptionValue("objective_bound", float(cutoff))
     h.passModel(_to_highs_lp(milp))
-    if start is not None:
-        columns, values = start
+    if first is not None:
+        columns, values = first
         h.setSolution(len(columns), np.asarray(columns, dtype=np.int32),
                       np.asarray(values, dtype=float))
     start = time.perf_counter()
@@ -293,7 +293,7 @@ def _report_progress(h: Any, progress: Progress, start: float,
 
 def _solve_ortools(milp: Milp, backend: str, time_limit_s: float | None,
                    node_limit: int | None, relative_gap: float,
-                   start: tuple[np.ndarray, np.ndarray] | None) -> MilpResult:
+                   first: tuple[np.ndarray, np.ndarray] | None) -> MilpResult:
     solver = pywraplp.Solver.CreateSolver(backend)
     if solver is None:
         raise ValueError(f"OR-tools has no MIP backend {backend!r}; use 'HIGHS', 'SCIP' or 'CBC'")
@@ -301,9 +301,9 @@ def _solve_ortools(milp: Milp, backend: str, time_limit_s: float | None,
     if err:
         raise RuntimeError(f"OR-tools rejected the model: {err}")
     solver.SuppressOutput()
-    if start is not None:
+    if first is not None:
         variables = solver.variables()
-        solver.SetHint([variables[int(j)] for j in start[0]], [float(v) for v in start[1]])
+        solver.SetHint([variables[int(j)] for j in first[0]], [float(v) for v in first[1]])
     if backend == "HIGHS":  # its banner ignores SuppressOutput
         solver.SetSolverSpecificParametersAsString("output_flag=false\n")
     if backend == "SCIP" and node_limit is not None:

@@ -164,8 +164,8 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
         best = Solution(Status.FEASIBLE, *first, cost, peak, bound,
                         (cost - max(bound, 0.0)) / cost if cost > 0 else 0.0, 0.0, None)
     if best is None and cutoff is not None:
-        return dataclasses.replace(res, status=Status.NO_SOLUTION, bound=bound,
-                                   wall_s=time.perf_counter() - start, timed_out=timed_out)
+        return Solution(Status.NO_SOLUTION, None, None, math.inf, -1, bound, math.inf,
+                        time.perf_counter() - start, timed_out=timed_out)
     if best is None:
         floor = solve_min_peak(problem, time_limit_s=share, node_limit=node_limit,
                                backend=backends[0])

@@ -35,4 +35,5 @@ def test_a_greedy_plan_is_valid_and_fits_from_the_least_peak_of_its_regions_on(m
         cost, peak = ilp.evaluate(problem, *plan)
         assert peak <= budget
         assert cost >= ilp.solve(problem, budget).cost
-    assert ilp.evaluate(problem, *greedy_plan(problem, highest))[0] == 0
+    plan = greedy_plan(problem, highest)
+    assert plan is not None and ilp.evaluate(problem, *plan)[0] == 0
