@@ -1,26 +1,32 @@
-"""A plan found without a solver: whole regions recomputed, the cheapest bytes first.
+"""Plans found without a branch-and-bound search: the LP relaxation rounded, and whole
+regions recomputed, the cheapest bytes first.
 
-It starts the MILP's search (a solution to prune against from the first node) and is the
-plan returned where the time limit stops the search before it finds one of its own.
+They start the MILP's search (a solution to prune against from the first node; measured
+on an 80-layer Llama, HiGHS then found its optimum where alone it found no plan in the
+same time) and are the plan returned where the time limit stops the search before it
+finds one of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import numpy as np
 
 from autoremat_ilp.memory import evaluate, prune, violations
+from autoremat_ilp.milp import solve_milp
+from autoremat_ilp.model import build_model
 from autoremat_ilp.problem import Problem
 
-__all__ = ["greedy_plan"]
+__all__ = ["covering_plan", "greedy_plan", "region_plan"]
+
+Plan = tuple[np.ndarray, np.ndarray]
 
 
-def greedy_plan(problem: Problem, budget: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """A plan ``(save, recompute)`` of peak at most ``budget``, or ``None`` where this
-    heuristic finds none.
-
-    Each region either saves what the backward reads or recomputes it from the region's
-    inputs (:func:`region_plan`). The regions are recomputed in order of recompute cost
-    per byte freed, as few as fit the budget.
+def greedy_plan(problem: Problem, budget: int) -> Plan | None:
+    """A plan ``(save, recompute)`` of peak at most ``budget``, or ``None`` where these
+    heuristics find none: the cheaper of :func:`_rounded` and :func:`_by_regions`.
 
     Example:
       >>> import numpy as np, autoremat_ilp as ilp
@@ -35,45 +41,24 @@ def greedy_plan(problem: Problem, budget: int) -> tuple[np.ndarray, np.ndarray] 
       >>> save.tolist(), recompute.tolist(), ilp.evaluate(problem, save, recompute)
       ([False, True], [True, False], (100.0, 10))
     """
-    R = problem.num_regions
     inputs = _inputs(problem)
-    kept = region_plan(problem, np.zeros(R, dtype=bool), inputs)
-    every = region_plan(problem, np.ones(R, dtype=bool), inputs)
-    if kept is None or every is None:
-        return None
-    # The cheapest prefix of the regions by recompute cost per byte freed that fits:
-    # found by bisection, as more regions recomputed hold fewer bytes.
-    order = _by_rate(problem, kept, every)
-
-    def first(n: int) -> tuple[np.ndarray, np.ndarray] | None:
-        plan = region_plan(problem, np.isin(np.arange(R), order[:n]), inputs)
-        return plan if plan is not None and evaluate(problem, *plan)[1] <= budget else None
-
-    if (plan := first(0)) is not None or first(R) is None:
-        return plan
-    lo, hi = 1, R  # the first hi regions fit
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if first(mid) is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    return first(hi)
+    found = [p for p in (_rounded(problem, budget, inputs), _by_regions(problem, budget, inputs))
+             if p is not None and not violations(problem, *p)]
+    return min(found, key=lambda p: evaluate(problem, *p)[0], default=None)
 
 
-def region_plan(problem: Problem, recomputed: np.ndarray, inputs: list[list[int]] | None = None
-                ) -> tuple[np.ndarray, np.ndarray] | None:
-    """The plan that recomputes what the backward reads in the regions ``recomputed``
-    (a mask over the regions) from their saved inputs, and saves it in the others
-    (pruned: :func:`~autoremat_ilp.memory.prune`); ``None`` where a value can be neither
-    saved nor recomputed as that needs. ``inputs``: each value's inputs (made here when
-    ``None``)."""
+def covering_plan(problem: Problem, saved: np.ndarray, inputs: list[list[int]] | None = None
+                  ) -> Plan | None:
+    """The plan that saves the values ``saved`` (a mask) that it may, and what it must,
+    and recomputes the rest of what the backward reads, from saved inputs or inputs
+    recomputed in the same region (pruned: :func:`~autoremat_ilp.memory.prune`); ``None``
+    where a value can be neither saved nor recomputed as that needs (a value that must be
+    saved but cannot is left to :func:`~autoremat_ilp.memory.violations`). ``inputs``:
+    each value's inputs (made here when ``None``)."""
     inputs = _inputs(problem) if inputs is None else inputs
     region = problem.region
-    remat = recomputed[region] & problem.can_recompute & ~problem.must_save
-    needed = problem.must_cover | problem.must_save
-    save = needed & ~remat & problem.can_save
-    recompute = needed & ~save & problem.can_recompute
+    save = (saved | problem.must_save) & problem.can_save
+    recompute = (problem.must_cover | problem.must_save) & ~save & problem.can_recompute
     # Inputs come before their readers: a value marked late is visited still.
     for v in range(problem.num_values - 1, -1, -1):
         if not recompute[v]:
@@ -81,15 +66,77 @@ def region_plan(problem: Problem, recomputed: np.ndarray, inputs: list[list[int]
         for u in inputs[v]:
             if save[u] or recompute[u]:
                 continue
-            if region[u] == region[v] and problem.can_recompute[u] and (
-                    remat[u] or not problem.can_save[u]):
+            if region[u] == region[v] and problem.can_recompute[u] and not saved[u]:
                 recompute[u] = True
             elif problem.can_save[u]:
                 save[u] = True
             else:
                 return None
     save, recompute, _ = prune(problem, save, recompute)
-    return None if violations(problem, save, recompute) else (save, recompute)
+    return save, recompute
+
+
+def region_plan(problem: Problem, recomputed: np.ndarray, inputs: list[list[int]] | None = None
+                ) -> Plan | None:
+    """The :func:`covering_plan` that recomputes what the backward reads in the regions
+    ``recomputed`` (a mask over the regions) and saves it in the others."""
+    remat = recomputed[problem.region] & problem.can_recompute & ~problem.must_save
+    return covering_plan(problem, (problem.must_cover | problem.must_save) & ~remat, inputs)
+
+
+def _rounded(problem: Problem, budget: int, inputs: list[list[int]]) -> Plan | None:
+    """The LP relaxation's plan rounded: the :func:`covering_plan` saving the values the
+    LP saves most, as many as fit the budget."""
+    model = build_model(problem.with_bounds(~problem.lazy_bounds()), budget)
+    lp = solve_milp(dataclasses.replace(model.milp, integer=np.zeros_like(model.milp.integer)))
+    if lp.x is None:
+        return None
+    share = lp.x[model.variables.save]
+    candidates = np.flatnonzero(problem.can_save)
+    worth = problem.cost[candidates] / np.maximum(problem.held[candidates], 1)
+    # Most saved by the LP first; of equal shares, the dearest to recompute per byte.
+    order = candidates[np.lexsort((-worth, -share[candidates]))]
+
+    def without_last(k: int) -> Plan | None:
+        return covering_plan(problem, np.isin(np.arange(problem.num_values),
+                                              order[:len(order) - k]), inputs)
+
+    return _least(without_last, problem, budget, len(order))
+
+
+def _by_regions(problem: Problem, budget: int, inputs: list[list[int]]) -> Plan | None:
+    """The :func:`region_plan` recomputing the fewest regions, in order of recompute cost
+    per byte freed, that fits the budget."""
+    R = problem.num_regions
+    kept = region_plan(problem, np.zeros(R, dtype=bool), inputs)
+    every = region_plan(problem, np.ones(R, dtype=bool), inputs)
+    if kept is None or every is None:
+        return None
+    order = _by_rate(problem, kept, every)
+    return _least(lambda n: region_plan(problem, np.isin(np.arange(R), order[:n]), inputs),
+                  problem, budget, R)
+
+
+def _least(plan: Callable[[int], Plan | None], problem: Problem, budget: int, most: int
+           ) -> Plan | None:
+    """``plan(k)`` for the least ``k`` in ``0..most`` where it fits ``budget``, found by
+    bisection (the plans hold fewer bytes as ``k`` grows, mostly): its first fitting
+    point where ``plan(most)`` fits."""
+
+    def fitting(k: int) -> Plan | None:
+        p = plan(k)
+        return p if p is not None and evaluate(problem, *p)[1] <= budget else None
+
+    if (found := fitting(0)) is not None or fitting(most) is None:
+        return found
+    lo, hi = 1, most  # plan(hi) fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fitting(mid) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return fitting(hi)
 
 
 def _inputs(problem: Problem) -> list[list[int]]:
@@ -100,8 +147,7 @@ def _inputs(problem: Problem) -> list[list[int]]:
     return inputs
 
 
-def _by_rate(problem: Problem, kept: tuple[np.ndarray, np.ndarray],
-             every: tuple[np.ndarray, np.ndarray]) -> list[int]:
+def _by_rate(problem: Problem, kept: Plan, every: Plan) -> list[int]:
     """The regions by recompute cost per byte freed, going from plan ``kept`` (nothing
     recomputed) to ``every`` (every region recomputed); last those that free none."""
     R = problem.num_regions

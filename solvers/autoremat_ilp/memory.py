@@ -126,11 +126,11 @@ def _by_region(problem: Problem, mask: np.ndarray, nbytes: np.ndarray | None,
     integers; zeros where ``nbytes`` is ``None``), each value counted at its ``region``
     (by default, its own)."""
     region = problem.region if region is None else region
-    total = np.zeros(problem.num_regions, dtype=object)
+    total = np.zeros(problem.num_regions, dtype=np.int64)  # exact below 2**63 bytes
     if nbytes is not None:
-        for v in np.flatnonzero(mask):
-            total[region[v]] += int(nbytes[v])
-    return total
+        at = np.flatnonzero(mask)
+        np.add.at(total, region[at], np.asarray(nbytes)[at].astype(np.int64))
+    return total.astype(object)
 
 
 def _held_by_region(problem: Problem, saved: np.ndarray, held: np.ndarray | None = None,
