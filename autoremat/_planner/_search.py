@@ -55,9 +55,11 @@ class Margins:
 @dataclasses.dataclass(frozen=True)
 class _Outcome:
     """What solving one placement gave: a plan and its cost in the solver's units (replay
-    included), a lower bound on that cost when not proven optimal, the least peak when
-    the budget was proven infeasible, or the problem when the budget is below what any of
-    its plans holds (its least peak is solved for only if no placement fits)."""
+    included), a lower bound on that cost when not proven optimal or when no plan is
+    cheaper than the placements' before by more than :data:`PLACEMENT_GAP` (cut off), the
+    least peak when the budget was proven infeasible, or the problem when the budget is
+    below what any of its plans holds (its least peak is solved for only if no placement
+    fits)."""
 
     plan: Plan | None = None
     cost: float = math.inf
@@ -89,10 +91,11 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
     """The plan that costs least within ``budget`` over ``candidates``.
 
     Each placement is solved in turn with its share of the time limit (``clock``), for the
-    budget less its margin; the plan that costs least (recompute, a nested group's forward
-    run again included, and offload, in the solver's units; then the lower peak, then the
-    earlier placement) is returned. It is ``"optimal"`` only when every placement was
-    solved to optimality or ruled out; otherwise its gap is to the least lower bound of
+    budget less its margin, among the plans cheaper by more than :data:`PLACEMENT_GAP`
+    than the cheapest found before; the plan that costs least (recompute, a nested group's
+    forward run again included, and offload, in the solver's units; then the lower peak,
+    then the earlier placement) is returned. It is ``"optimal"`` only when every placement
+    was solved to optimality or ruled out; otherwise its gap is to the least lower bound of
     the placements the time limit stopped. Without ``verify``, a plan near no remat may
     give way to the function as written (:func:`as_written_near_no_remat`).
 

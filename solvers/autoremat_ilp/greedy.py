@@ -10,7 +10,9 @@ finds one of its own.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,15 +20,25 @@ from autoremat_ilp.memory import evaluate, prune, violations
 from autoremat_ilp.milp import solve_milp
 from autoremat_ilp.model import build_model
 from autoremat_ilp.problem import Problem
+from autoremat_ilp.status import Status
 
-__all__ = ["covering_plan", "greedy_plan", "region_plan"]
+__all__ = ["Start", "covering_plan", "greedy_start", "region_plan"]
 
 Plan = tuple[np.ndarray, np.ndarray]
 
 
-def greedy_plan(problem: Problem, budget: int) -> Plan | None:
-    """A plan ``(save, recompute)`` of peak at most ``budget``, or ``None`` where these
-    heuristics find none: the cheaper of :func:`_rounded` and :func:`_by_regions`.
+class Start(NamedTuple):
+    """Where a search for the least cost within a budget starts: a plan ``(save,
+    recompute)`` within the budget (``None`` where none was found) and a lower bound on
+    the least cost, the LP relaxation's (``inf`` where no plan fits)."""
+
+    plan: Plan | None
+    bound: float
+
+
+def greedy_start(problem: Problem, budget: int) -> Start:
+    """The cheaper of the plans of :func:`_rounded` and :func:`_by_regions` within
+    ``budget``, and the LP relaxation's bound.
 
     Example:
       >>> import numpy as np, autoremat_ilp as ilp
@@ -37,14 +49,15 @@ def greedy_plan(problem: Problem, budget: int) -> Plan | None:
       ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
       ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
       ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> save, recompute = greedy_plan(problem, 15)
-      >>> save.tolist(), recompute.tolist(), ilp.evaluate(problem, save, recompute)
-      ([False, True], [True, False], (100.0, 10))
+      >>> (save, recompute), bound = greedy_start(problem, 15)
+      >>> save.tolist(), recompute.tolist(), ilp.evaluate(problem, save, recompute), bound
+      ([False, True], [True, False], (100.0, 10), 50.0)
     """
     inputs = _inputs(problem)
-    found = [p for p in (_rounded(problem, budget, inputs), _by_regions(problem, budget, inputs))
+    rounded, bound = _rounded(problem, budget, inputs)
+    found = [p for p in (rounded, _by_regions(problem, budget, inputs))
              if p is not None and not violations(problem, *p)]
-    return min(found, key=lambda p: evaluate(problem, *p)[0], default=None)
+    return Start(min(found, key=lambda p: evaluate(problem, *p)[0], default=None), bound)
 
 
 def covering_plan(problem: Problem, saved: np.ndarray, inputs: list[list[int]] | None = None
@@ -84,13 +97,15 @@ def region_plan(problem: Problem, recomputed: np.ndarray, inputs: list[list[int]
     return covering_plan(problem, (problem.must_cover | problem.must_save) & ~remat, inputs)
 
 
-def _rounded(problem: Problem, budget: int, inputs: list[list[int]]) -> Plan | None:
+def _rounded(problem: Problem, budget: int, inputs: list[list[int]]
+             ) -> tuple[Plan | None, float]:
     """The LP relaxation's plan rounded: the :func:`covering_plan` saving the values the
-    LP saves most, as many as fit the budget."""
+    LP saves most, as many as fit the budget; and the relaxation's least cost (``inf``
+    where it is infeasible)."""
     model = build_model(problem.with_bounds(~problem.lazy_bounds()), budget)
     lp = solve_milp(dataclasses.replace(model.milp, integer=np.zeros_like(model.milp.integer)))
     if lp.x is None:
-        return None
+        return None, math.inf if lp.status is Status.INFEASIBLE else -math.inf
     share = lp.x[model.variables.save]
     candidates = np.flatnonzero(problem.can_save)
     worth = problem.cost[candidates] / np.maximum(problem.held[candidates], 1)
@@ -101,7 +116,7 @@ def _rounded(problem: Problem, budget: int, inputs: list[list[int]]) -> Plan | N
         return covering_plan(problem, np.isin(np.arange(problem.num_values),
                                               order[:len(order) - k]), inputs)
 
-    return _least(without_last, problem, budget, len(order))
+    return _least(without_last, problem, budget, len(order)), lp.objective * model.unit
 
 
 def _by_regions(problem: Problem, budget: int, inputs: list[list[int]]) -> Plan | None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from autoremat_ilp.greedy import greedy_plan
+from autoremat_ilp.greedy import greedy_start
 from autoremat_ilp.memory import evaluate, prune, reserved_peaks
 from autoremat_ilp.milp import MilpResult, Progress, solve_milp
 from autoremat_ilp.model import Model, build_model, cost_unit
@@ -30,8 +30,9 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
     The backends are tried in turn, sharing ``time_limit_s``, until one proves its plan
     optimal (within ``relative_gap``) or infeasibility; otherwise the cheapest plan found
     is returned with status ``FEASIBLE``. Each search starts from the plan of
-    :func:`~autoremat_ilp.greedy.greedy_plan` where it finds one, which is returned where
-    the backends find none of their own. An ``INFEASIBLE`` result's ``peak`` is the
+    :func:`~autoremat_ilp.greedy.greedy_start` where it finds one, which is returned where
+    the backends find none of their own; where the LP relaxation's bound is above
+    ``cutoff``, no backend runs. An ``INFEASIBLE`` result's ``peak`` is the
     smallest peak any plan reaches (the budget to ask for instead). (Measured on
     GPT-2-small: each of HiGHS and SCIP sometimes stalls on a budget the other solves in
     seconds.) When no backend found a plan but the budget is at least the smallest
@@ -139,12 +140,15 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
     """The result of the backends tried in turn; ``timed_out`` where the time limit
     stopped any solve it was chosen among."""
     start = time.perf_counter()
-    first = greedy_plan(problem, budget)
+    first, bound = greedy_start(problem, budget)
+    if cutoff is not None and bound > cutoff:
+        return Solution(Status.CUT_OFF, None, None, math.inf, -1, bound, math.inf,
+                        time.perf_counter() - start)
     if first is not None and cutoff is not None and evaluate(problem, *first)[0] > cutoff:
         first = None
     best: Solution | None = None
     share = time_limit_s / len(backends)
-    timed_out, bound = False, -math.inf
+    timed_out = False
     for backend in backends:
         res = _solve_within_budget(problem, budget, share, node_limit, relative_gap, backend,
                                    progress, cutoff, first)
@@ -161,8 +165,7 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
             best = res
     if best is None and first is not None:
         cost, peak = evaluate(problem, *first)
-        best = Solution(Status.FEASIBLE, *first, cost, peak, bound,
-                        (cost - max(bound, 0.0)) / cost if cost > 0 else 0.0, 0.0, None)
+        best = Solution(Status.FEASIBLE, *first, cost, peak, bound, math.inf, 0.0, None)
     if best is None and cutoff is not None:
         return Solution(Status.NO_SOLUTION, None, None, math.inf, -1, bound, math.inf,
                         time.perf_counter() - start, timed_out=timed_out)
@@ -178,8 +181,10 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
                                        timed_out=timed_out)
         # Its bound and gap are about the peak: nothing is known about the least cost.
         best = dataclasses.replace(floor, bound=0.0, gap=1.0)
-    return dataclasses.replace(best, status=Status.FEASIBLE, wall_s=time.perf_counter() - start,
-                               timed_out=timed_out)
+    bound = max(bound, best.bound)
+    gap = (best.cost - max(bound, 0.0)) / best.cost if best.cost > 0 else 0.0
+    return dataclasses.replace(best, status=Status.FEASIBLE, bound=bound, gap=max(gap, 0.0),
+                               wall_s=time.perf_counter() - start, timed_out=timed_out)
 
 
 def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,

@@ -3,7 +3,7 @@
 import autoremat_ilp as ilp
 import numpy as np
 import pytest
-from autoremat_ilp.greedy import greedy_plan, region_plan
+from autoremat_ilp.greedy import greedy_start, region_plan
 
 from autoremat import _rewrite, _solve, _trace, zoo
 from autoremat._placement import Placement
@@ -27,13 +27,13 @@ def test_a_greedy_plan_is_valid_and_fits_from_the_least_peak_of_its_regions_on(m
     kept = region_plan(problem, np.zeros(R, dtype=bool))
     assert every is not None and kept is not None
     lowest, highest = ilp.evaluate(problem, *every)[1], ilp.evaluate(problem, *kept)[1]
-    assert greedy_plan(problem, min(lowest, highest) - 1) is None
+    assert greedy_start(problem, min(lowest, highest) - 1).plan is None
     for budget in np.linspace(lowest, max(lowest, highest), 5).astype(int).tolist():
-        plan = greedy_plan(problem, budget)
+        plan, bound = greedy_start(problem, budget)
         assert plan is not None
         assert ilp.violations(problem, *plan) == []
         cost, peak = ilp.evaluate(problem, *plan)
         assert peak <= budget
-        assert cost >= ilp.solve(problem, budget).cost
-    plan = greedy_plan(problem, highest)
+        assert cost >= ilp.solve(problem, budget).cost >= bound - 1e-6 * abs(bound)
+    plan = greedy_start(problem, highest).plan
     assert plan is not None and ilp.evaluate(problem, *plan)[0] == 0

@@ -59,6 +59,8 @@ def test_a_cutoff_below_the_least_cost_says_so_and_one_at_it_finds_the_plan(back
     assert at.status is ilp.Status.OPTIMAL and at.cost == 1
     below = ilp.solve(problem, 32, backends=backends, cutoff=0.5)
     assert below.status is ilp.Status.CUT_OFF and below.save is None
+    # Where the relaxation's bound is above the cutoff, no backend runs.
+    assert ilp.solve(problem, 32, backends=backends, cutoff=0.0).status is ilp.Status.CUT_OFF
     # Below the floor as well: a cutoff does not look for the least peak.
     assert ilp.solve(problem, 1, backends=backends, cutoff=0.5).status is ilp.Status.CUT_OFF
 
