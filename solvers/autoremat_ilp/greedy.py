@@ -37,8 +37,9 @@ class Start(NamedTuple):
 
 
 def greedy_start(problem: Problem, budget: int) -> Start:
-    """The cheaper of the plans of :func:`_rounded` and :func:`_by_regions` within
-    ``budget``, and the LP relaxation's bound.
+    """The plan of :func:`_rounded` within ``budget`` (measured on Llama-style models,
+    cheaper than :func:`_by_regions`'s, the plan where it finds none), and the LP
+    relaxation's bound.
 
     Example:
       >>> import numpy as np, autoremat_ilp as ilp
@@ -55,9 +56,10 @@ def greedy_start(problem: Problem, budget: int) -> Start:
     """
     inputs = _inputs(problem)
     rounded, bound = _rounded(problem, budget, inputs)
-    found = [p for p in (rounded, _by_regions(problem, budget, inputs))
-             if p is not None and not violations(problem, *p)]
-    return Start(min(found, key=lambda p: evaluate(problem, *p)[0], default=None), bound)
+    if rounded is None or violations(problem, *rounded):
+        rounded = _by_regions(problem, budget, inputs)
+    return Start(rounded if rounded is None or not violations(problem, *rounded) else None,
+                 bound)
 
 
 def covering_plan(problem: Problem, saved: np.ndarray, inputs: list[list[int]] | None = None

@@ -147,7 +147,7 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
     if first is not None and cutoff is not None and evaluate(problem, *first)[0] > cutoff:
         first = None
     best: Solution | None = None
-    share = time_limit_s / len(backends)
+    share = max(0.0, time_limit_s - (time.perf_counter() - start)) / len(backends)
     timed_out = False
     for backend in backends:
         res = _solve_within_budget(problem, budget, share, node_limit, relative_gap, backend,
