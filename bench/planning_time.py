@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import shlex
@@ -40,51 +41,73 @@ def equations(jaxpr: jex.Jaxpr) -> int:
     return sum(1 + sum(equations(s) for s in jex.jaxprs_in_params(e.params)) for e in jaxpr.eqns)
 
 
-def time_model(name: str, config: llama.LlamaConfig, fractions: list[float], runs: int,
+def time_model(name: str, config: llama.LlamaConfig, budgets: list[float | str], runs: int,
                time_limit_s: float) -> list[dict]:
-    """One row per budget fraction: median wall seconds of ``runs`` plans."""
+    """One row per budget (a fraction, or bytes such as ``"2.3GiB"``): median wall seconds
+    of ``runs`` plans (a plan the time limit left without one counts its wall time)."""
     loss, args = llama.make_loss(config), (llama.param_shapes(config), llama.batch_shapes(config))
     forward = equations(jax.make_jaxpr(loss)(*args).jaxpr)
     step = equations(jax.make_jaxpr(jax.grad(loss))(*args).jaxpr)
     rows = []
-    for fraction in fractions:
+    for budget in budgets:
         walls, plans = [], []
         for _ in range(runs):
             start = time.perf_counter()
-            plans.append(autoremat.plan(loss, *args, budget=fraction, time_limit_s=time_limit_s))
+            try:
+                plans.append(autoremat.plan(loss, *args, budget=budget,
+                                            time_limit_s=time_limit_s))
+            except autoremat.SolverTimeoutError:
+                pass
             walls.append(time.perf_counter() - start)
-        p = plans[-1]
         rows.append({"model": name, "forward_equations": forward, "step_equations": step,
-                     "budget_fraction": fraction, "budget_bytes": p.budget_bytes,
-                     "time_limit_s": time_limit_s, "wall_s": walls,
-                     "median_wall_s": statistics.median(walls), "status": p.status,
-                     "gap": p.gap, "overhead": p.overhead,
-                     "same_plan_every_run": len({(q.saved, q.placement.cuts,
-                                                  q.placement.scan_pieces) for q in plans}) == 1})
-        print(f"{name} at {fraction:.2f}: median {rows[-1]['median_wall_s']:.1f} s of {walls}, "
-              f"{p.status} gap {p.gap:.2%}", flush=True)
+                     "budget": budget, "time_limit_s": time_limit_s, "wall_s": walls,
+                     "median_wall_s": statistics.median(walls), **_outcome(plans, runs)})
+        print(f"{name} at {budget}: median {rows[-1]['median_wall_s']:.1f} s of {walls}, "
+              f"{rows[-1]['status']} gap {rows[-1]['gap']:.2%}", flush=True)
     return rows
+
+
+def _outcome(plans: list[autoremat.Plan], runs: int) -> dict:
+    """The last plan's figures, and whether every run gave the same plan (a run the time
+    limit left without a plan: status ``"timeout"``)."""
+    if not plans:
+        return {"budget_bytes": None, "status": "timeout", "gap": math.inf,
+                "overhead": math.nan, "same_plan_every_run": True}
+    p = plans[-1]
+    same = len(plans) == runs and len({(q.saved, q.placement.cuts, q.placement.scan_pieces)
+                                       for q in plans}) == 1
+    return {"budget_bytes": p.budget_bytes, "status": p.status, "gap": p.gap,
+            "overhead": p.overhead, "same_plan_every_run": same}
+
+
+def _budget(r: dict) -> str:
+    """A row's budget as the table shows it."""
+    given = r["budget"] if isinstance(r["budget"], str) else f"{r['budget']:.2f}"
+    return given if r["budget_bytes"] is None else f"{given} ({r['budget_bytes'] / 2**30:.2f} GiB)"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", choices=sorted(MODELS))
-    parser.add_argument("--fraction", type=float, action="append")
+    parser.add_argument("--fraction", type=float, action="append",
+                        help="a budget as a fraction of the no-remat activation memory")
+    parser.add_argument("--budget", action="append", help="a budget in bytes, e.g. 2.3GiB")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--time-limit", type=float, action="append",
                         help="per model, in --model order (default: 4 s scanned, 25 s unrolled)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args()
     names = args.model or list(MODELS)
+    budgets = [*(args.fraction or []), *(args.budget or [])] or [0.1, 0.3]
     limits = args.time_limit or [4.0 if MODELS[n].scan_layers else 25.0 for n in names]
     rows = [r for n, t in zip(names, limits, strict=True)
-            for r in time_model(n, MODELS[n], args.fraction or [0.1, 0.3], args.runs, t)]
-    lines = [("| model | forward eqns | step eqns | budget (of no-remat activations) "
+            for r in time_model(n, MODELS[n], budgets, args.runs, t)]
+    lines = [("| model | forward eqns | step eqns | budget (a fraction: of no-remat activations) "
               "| time limit s "
               "| median wall s (runs) | status | gap | recompute overhead | same plan each run |"),
              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['forward_equations']} | {r['step_equations']} | "
-              f"{r['budget_fraction']:.2f} ({r['budget_bytes'] / 2**30:.2f} GiB) | "
+              f"{_budget(r)} | "
               f"{r['time_limit_s']:.0f} | "
               f"{r['median_wall_s']:.1f} ({', '.join(f'{w:.1f}' for w in r['wall_s'])}) | "
               f"{r['status']} | "
