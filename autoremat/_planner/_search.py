@@ -119,7 +119,7 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
                                          functools.partial(nothing_plan, k), budget_bytes,
                                          no_remat_peak, margins.of(graph.placement), options,
                                          lambda k=k: clock.limits(len(candidates) - k),
-                                         min(o.cost for o in outcomes) if outcomes else math.inf))
+                                         min((o.cost for o in outcomes), default=math.inf)))
         if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
             break
     try:

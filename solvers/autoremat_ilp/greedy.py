@@ -2,9 +2,9 @@
 regions recomputed, the cheapest bytes first.
 
 They start the MILP's search (a solution to prune against from the first node; measured
-on an 80-layer Llama, HiGHS then found its optimum where alone it found no plan in the
-same time) and are the plan returned where the time limit stops the search before it
-finds one of its own.
+on one placement of an 80-layer Llama with an 8 s limit, HiGHS from the start ended 0.015%
+from its bound, alone 30%) and are the plan returned where the time limit stops the search
+before it finds one of its own.
 """
 
 from __future__ import annotations
@@ -39,27 +39,14 @@ class Start(NamedTuple):
 def greedy_start(problem: Problem, budget: int) -> Start:
     """The plan of :func:`_rounded` within ``budget`` (measured on Llama-style models,
     cheaper than :func:`_by_regions`'s, the plan where it finds none), and the LP
-    relaxation's bound.
-
-    Example:
-      >>> import numpy as np, autoremat_ilp as ilp
-      >>> problem = ilp.Problem(  # two regions, one 10-byte value each
-      ...     cost=np.array([100.0, 1.0]), held=np.array([10, 10]),
-      ...     transient=np.array([10, 10]), region=np.array([0, 1]),
-      ...     base=np.array([0, 0]), forward_base=np.array([5, 5]),
-      ...     forward_held=np.array([0, 0]), must_cover=np.array([True, True]),
-      ...     must_save=np.array([False, False]), can_save=np.array([True, True]),
-      ...     can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64))
-      >>> (save, recompute), bound = greedy_start(problem, 15)
-      >>> save.tolist(), recompute.tolist(), ilp.evaluate(problem, save, recompute), bound
-      ([False, True], [True, False], (100.0, 10), 50.0)
-    """
+    relaxation's bound (``tests/ilp/test_greedy.py`` shows both on small problems)."""
     inputs = _inputs(problem)
-    rounded, bound = _rounded(problem, budget, inputs)
-    if rounded is None or violations(problem, *rounded):
-        rounded = _by_regions(problem, budget, inputs)
-    return Start(rounded if rounded is None or not violations(problem, *rounded) else None,
-                 bound)
+    plan, bound = _rounded(problem, budget, inputs)
+    if plan is None or violations(problem, *plan):
+        plan = _by_regions(problem, budget, inputs)
+        if plan is not None and violations(problem, *plan):
+            plan = None
+    return Start(plan, bound)
 
 
 def covering_plan(problem: Problem, saved: np.ndarray, inputs: list[list[int]] | None = None

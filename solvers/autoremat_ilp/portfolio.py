@@ -144,7 +144,8 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
     if cutoff is not None and bound > cutoff:
         return Solution(Status.CUT_OFF, None, None, math.inf, -1, bound, math.inf,
                         time.perf_counter() - start)
-    if first is not None and cutoff is not None and evaluate(problem, *first)[0] > cutoff:
+    first_cost, first_peak = (math.inf, 0) if first is None else evaluate(problem, *first)
+    if cutoff is not None and first_cost > cutoff:
         first = None
     best: Solution | None = None
     share = max(0.0, time_limit_s - (time.perf_counter() - start)) / len(backends)
@@ -164,8 +165,7 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
         if res.save is not None and (best is None or res.cost < best.cost):
             best = res
     if best is None and first is not None:
-        cost, peak = evaluate(problem, *first)
-        best = Solution(Status.FEASIBLE, *first, cost, peak, bound, math.inf, 0.0, None)
+        best = Solution(Status.FEASIBLE, *first, first_cost, first_peak, bound, math.inf, 0.0)
     if best is None and cutoff is not None:
         return Solution(Status.NO_SOLUTION, None, None, math.inf, -1, bound, math.inf,
                         time.perf_counter() - start, timed_out=timed_out)

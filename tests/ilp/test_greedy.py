@@ -18,6 +18,12 @@ def _llama_problem() -> ilp.Problem:
     return _solve.problem_of(_trace.graph_of(program, Placement(_trace.layer_cuts(program)))[1])
 
 
+def test_the_start_of_two_regions_recomputes_the_costlier_value_and_bounds_its_cost():
+    (save, recompute), bound = greedy_start(keep_or_recompute(), 15)
+    assert save.tolist() == [False, True] and recompute.tolist() == [True, False]
+    assert ilp.evaluate(keep_or_recompute(), save, recompute) == (100.0, 10) and bound == 50.0
+
+
 @pytest.mark.parametrize("make", [chain, keep_or_recompute, lambda: released(chain()),
                                   _llama_problem])
 def test_a_greedy_plan_is_valid_and_fits_from_the_least_peak_of_its_regions_on(make):
