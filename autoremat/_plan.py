@@ -38,7 +38,7 @@ class Plan:
         (:func:`autoremat._solve.as_written`), where it runs as written; otherwise with
         every value the backward reads saved.
       status: ``"optimal"`` (no placement has a plan cheaper by more than
-        ``autoremat._planner._search.PLACEMENT_GAP``), or ``"feasible"`` when the time
+        ``autoremat._planner._search.OPTIMALITY_GAP``), or ``"feasible"`` when the time
         limit or the node limit stopped the solver (see ``gap``).
       gap: relative gap between the plan's recompute cost and the solver's lower bound.
       placement: where the remat regions are (:class:`autoremat.Placement`).

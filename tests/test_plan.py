@@ -362,11 +362,15 @@ def test_solver_share_is_what_tracing_left_and_at_least_a_quarter_share():
     assert share(30.0, 6.0, 3, 3) == 8.0  # tracing took 6 s of the solver's 30
     assert share(30.0, 14.0, 2, 3) == 8.0  # an earlier solve ended early
     assert share(30.0, 40.0, 3, 3) == 2.5  # tracing outlasted the limit: the floor
+    # Ranked, the first gets what is left less the least share (2.5 s) of each after it.
+    assert share(30.0, 6.0, 3, 3, ranked=True) == 19.0
+    assert share(30.0, 29.0, 2, 3, ranked=True) == 2.5
     # Solves that take their whole share end with the limit.
-    elapsed = 4.0
-    for left in (3, 2, 1):
-        elapsed += share(30.0, elapsed, left, 3)
-    assert elapsed == pytest.approx(30.0)
+    for ranked in (False, True):
+        elapsed = 4.0
+        for left in (3, 2, 1):
+            elapsed += share(30.0, elapsed, left, 3, ranked)
+        assert elapsed == pytest.approx(30.0)
 
 
 @pytest.mark.parametrize("length", range(1, 41))

@@ -287,16 +287,15 @@ class SolverClock:
         return cls(options.time_limit_s, placements,
                    time.perf_counter() if start is None else start, options.node_limit)
 
-    def limits(self, left: int) -> SolveLimits:
-        """The limits of the next of ``left`` solves."""
-        return {"time_limit_s": self.share(left), "node_limit": self.node_limit}
+    def limits(self, left: int, ranked: bool = False) -> SolveLimits:
+        """The limits of the next of ``left`` solves (``ranked``: see :func:`solver_share`)."""
+        return {"time_limit_s": self.share(left, ranked), "node_limit": self.node_limit}
 
-    def share(self, left: int) -> float:
-        """Seconds the solver gets for the next of ``left`` solves still to run: an equal
-        part of what is left of the limit, but at least ``_MIN_SOLVER_SHARE`` of an equal
-        part of all of it."""
+    def share(self, left: int, ranked: bool = False) -> float:
+        """Seconds the solver gets for the next of ``left`` solves still to run (see
+        :func:`solver_share`)."""
         return solver_share(self.time_limit_s, time.perf_counter() - self.start, left,
-                            self.placements)
+                            self.placements, ranked)
 
 
 def checked(result: ilp.Solution) -> ilp.Solution:
@@ -310,10 +309,16 @@ def checked(result: ilp.Solution) -> ilp.Solution:
     return result
 
 
-def solver_share(time_limit_s: float, elapsed_s: float, left: int, placements: int) -> float:
+def solver_share(time_limit_s: float, elapsed_s: float, left: int, placements: int,
+                 ranked: bool = False) -> float:
     """Seconds the solver gets for the next of the ``left`` placements still to solve (of
-    ``placements``), ``elapsed_s`` after planning started (see :class:`SolverClock`)."""
-    return max((time_limit_s - elapsed_s) / left, _MIN_SOLVER_SHARE * time_limit_s / placements)
+    ``placements``), ``elapsed_s`` after planning started: an equal part of what is left of
+    the limit, or where the solves are ``ranked`` (the likeliest to win first), what is
+    left less the least share of each solve after it; at least the least share,
+    ``_MIN_SOLVER_SHARE`` of an equal part of the whole limit."""
+    least = _MIN_SOLVER_SHARE * time_limit_s / placements
+    rest = time_limit_s - elapsed_s
+    return max(rest - (left - 1) * least if ranked else rest / left, least)
 
 
 def within_model_error(peak: int, reference: int, fixed: int) -> bool:

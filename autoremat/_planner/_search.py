@@ -32,10 +32,11 @@ from autoremat._planner._candidates import (
 )
 from autoremat._planner._options import PlanOptions
 
-# Once a placement has a plan, the next are searched only for plans cheaper by more than
-# this part of its cost: closer, they are not worth the solver's time (proving a bound
-# that close took it seconds on a 24-layer Llama) and the plan counts as optimal.
-PLACEMENT_GAP = 1e-3
+# A plan within this part of its cost of the least counts as optimal: each placement is
+# solved to this relative gap, and once one has a plan the next are searched only for
+# plans cheaper by more than this. Closer is not worth the solver's time: proving a bound
+# that close took seconds on a 24-layer Llama (bench/results/planning_time.md).
+OPTIMALITY_GAP = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Margins:
 class _Outcome:
     """What solving one placement gave: a plan and its cost in the solver's units (replay
     included), a lower bound on that cost when not proven optimal or when no plan is
-    cheaper than the placements' before by more than :data:`PLACEMENT_GAP` (cut off), the
+    cheaper than the placements' before by more than :data:`OPTIMALITY_GAP` (cut off), the
     least peak when the budget was proven infeasible, or the problem when the budget is
     below what any of its plans holds (its least peak is solved for only if no placement
     fits)."""
@@ -90,20 +91,22 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
            clock: SolverClock, margins: Margins = Margins()) -> Plan:
     """The plan that costs least within ``budget`` over ``candidates``.
 
-    Each placement is solved in turn with its share of the time limit (``clock``), for the
-    budget less its margin, among the plans cheaper by more than :data:`PLACEMENT_GAP`
-    than the cheapest found before; the plan that costs least (recompute, a nested group's
-    forward run again included, and offload, in the solver's units; then the lower peak,
-    then the earlier placement) is returned. It is ``"optimal"`` only when every placement
-    was solved to optimality or ruled out; otherwise its gap is to the least lower bound of
-    the placements the time limit stopped. Without ``verify``, a plan near no remat may
-    give way to the function as written (:func:`as_written_near_no_remat`).
+    Placements settled without a search come first (saving everything fits, or the budget
+    is below what every plan holds); the others are solved in turn, the least LP bound
+    first (:func:`autoremat_ilp.greedy_start`), each with its share of the time limit
+    (``clock``), for the budget less its margin, among the plans cheaper by more than
+    :data:`OPTIMALITY_GAP` than the cheapest found before. The plan that costs least
+    (recompute, a nested group's forward run again included, and offload, in the solver's
+    units; then the lower peak, then the one found first) is returned. It is ``"optimal"``
+    only when every placement was solved to optimality or ruled out; otherwise its gap is
+    to the least lower bound of the placements the time limit stopped. Without ``verify``,
+    a plan near no remat may give way to the function as written
+    (:func:`as_written_near_no_remat`).
 
     Raises:
       InfeasibleBudgetError: no placement has a plan within the budget.
       SolverTimeoutError: the time limit passed before any plan was found.
     """
-    outcomes: list[_Outcome] = []
     problems = [candidate.problem(options) for candidate in candidates]
     placed = [(c.facts, *p) for c, p in zip(candidates, problems, strict=True)]
     nothing = no_remat_baselines(placed)
@@ -114,11 +117,26 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
         # Made only where returned: the function as written's saved bytes take a trace.
         return no_remat_plan(*nothing[k], budget_bytes, no_remat_peak, options)
 
-    for k, (graph, problem) in enumerate(problems):
-        outcomes.append(_solve_placement(graph, problem, nothing[k][2].peak_bytes,
-                                         functools.partial(nothing_plan, k), budget_bytes,
-                                         no_remat_peak, margins.of(graph.placement), options,
-                                         lambda k=k: clock.limits(len(candidates) - k),
+    margin = [margins.of(graph.placement) for graph, _ in problems]
+    replay = [_solve.replay_cost(graph, problem) for graph, problem in problems]
+    outcomes: list[_Outcome] = []
+    unsettled: list[int] = []
+    for k, (_, problem) in enumerate(problems):
+        settled = _settled(problem, nothing[k][2].peak_bytes, functools.partial(nothing_plan, k),
+                           budget_bytes - margin[k], margin[k], replay[k])
+        if settled is None:
+            unsettled.append(k)
+            continue
+        outcomes.append(settled)
+        if settled.plan is not None and settled.cost == 0:
+            unsettled = []
+            break
+    starts = {k: ilp.greedy_start(problems[k][1], budget_bytes - margin[k]) for k in unsettled}
+    order = sorted(unsettled, key=lambda k: starts[k].bound + replay[k])
+    for i, k in enumerate(order):
+        outcomes.append(_solve_placement(*problems[k], starts[k], budget_bytes, no_remat_peak,
+                                         margin[k], replay[k], options,
+                                         clock.limits(len(order) - i, ranked=True),
                                          min((o.cost for o in outcomes), default=math.inf)))
         if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
             break
@@ -155,26 +173,30 @@ def _per_layer_within(candidates: Sequence[Candidate], budget_bytes: int, no_rem
     return dataclasses.replace(layered, budget_bytes=budget_bytes)
 
 
-def _solve_placement(graph: Graph, problem: ilp.Problem, nothing_peak: int,
-                     nothing: Callable[[], Plan], budget_bytes: int, no_remat_peak: int,
-                     margin: int, options: PlanOptions, limits: Callable[[], SolveLimits],
-                     cheapest: float) -> _Outcome:
-    """The :class:`_Outcome` of one placement (``graph``) within ``budget_bytes - margin``
-    (``nothing()``: its plan that recomputes nothing, the function as written on the
-    placement that models it closest where it runs as written; ``nothing_peak``: that
-    plan's modelled peak), searched among the plans cheaper by more than
-    :data:`PLACEMENT_GAP` than ``cheapest``, the cheapest plan of the placements solved
-    before."""
-    replay = _solve.replay_cost(graph, problem)
-    within = budget_bytes - margin
+def _settled(problem: ilp.Problem, nothing_peak: int, nothing: Callable[[], Plan],
+             within: int, margin: int, replay: float) -> _Outcome | None:
+    """The :class:`_Outcome` of a placement that needs no search within ``within`` bytes:
+    its plan that recomputes nothing (``nothing()``, of modelled peak ``nothing_peak``)
+    where that fits, recomputing nothing that can be saved (optimal); the problem where
+    ``within`` is below what every plan holds; otherwise ``None``."""
     if within >= nothing_peak:
-        # Saving everything fits, and recomputes nothing that can be saved: optimal.
         return _Outcome(nothing(), replay)
     if within < lower_bound(problem):
         return _Outcome(below=(problem, margin))
-    cutoff = None if math.isinf(cheapest) else cheapest * (1 - PLACEMENT_GAP) - replay
-    result = checked(ilp.solve(problem, within, **limits(), backends=options.backends,
-                               progress=options.progress, cutoff=cutoff))
+    return None
+
+
+def _solve_placement(graph: Graph, problem: ilp.Problem, start: ilp.Start, budget_bytes: int,
+                     no_remat_peak: int, margin: int, replay: float, options: PlanOptions,
+                     limits: SolveLimits, cheapest: float) -> _Outcome:
+    """The :class:`_Outcome` of one placement (``graph``, whose forward replays cost
+    ``replay``) within ``budget_bytes - margin``, its search started from ``start``, among
+    the plans cheaper by more than :data:`OPTIMALITY_GAP` than ``cheapest``, the cheapest
+    plan of the placements solved before."""
+    cutoff = None if math.isinf(cheapest) else cheapest * (1 - OPTIMALITY_GAP) - replay
+    result = checked(ilp.solve(problem, budget_bytes - margin, **limits,
+                               relative_gap=OPTIMALITY_GAP, backends=options.backends,
+                               progress=options.progress, cutoff=cutoff, start=start))
     if result.status is ilp.Status.CUT_OFF:
         return _Outcome(bound=cheapest, solve_seconds=result.wall_s)
     if result.status is ilp.Status.INFEASIBLE:
