@@ -21,18 +21,23 @@ import shlex
 import statistics
 import sys
 import time
+from types import ModuleType
+from typing import Any
 
 import jax
 import jax.extend.core as jex
 
 import autoremat
 from autoremat._benchmark import versions
-from autoremat.zoo import llama
+from autoremat.zoo import gpt2, llama
 
-MODELS = {
-    "llama": llama.LLAMA,
-    "llama-24-unrolled": dataclasses.replace(llama.LLAMA_24, scan_layers=False),
-    "llama-80-unrolled": dataclasses.replace(llama.LLAMA, n_layer=80, scan_layers=False),
+MODELS: dict[str, tuple[ModuleType, Any]] = {  # the zoo module and its config
+    "gpt2-small": (gpt2, gpt2.GPT2_SMALL),
+    "gpt2-small-scan": (gpt2, dataclasses.replace(gpt2.GPT2_SMALL, scan_layers=True)),
+    "llama": (llama, llama.LLAMA),
+    "llama-24-unrolled": (llama, dataclasses.replace(llama.LLAMA_24, scan_layers=False)),
+    "llama-80-unrolled": (llama, dataclasses.replace(llama.LLAMA, n_layer=80,
+                                                     scan_layers=False)),
 }
 
 
@@ -41,13 +46,17 @@ def equations(jaxpr: jex.Jaxpr) -> int:
     return sum(1 + sum(equations(s) for s in jex.jaxprs_in_params(e.params)) for e in jaxpr.eqns)
 
 
-def time_model(name: str, config: llama.LlamaConfig, budgets: list[float | str], runs: int,
-               time_limit_s: float) -> list[dict]:
+def time_model(name: str, budgets: list[float | str], runs: int, time_limit_s: float,
+               backends: tuple[str, ...] | None = None) -> list[dict]:
     """One row per budget (a fraction, or bytes such as ``"2.3GiB"``): median wall seconds
-    of ``runs`` plans (a plan the time limit left without one counts its wall time)."""
-    loss, args = llama.make_loss(config), (llama.param_shapes(config), llama.batch_shapes(config))
+    of ``runs`` plans (a plan the time limit left without one counts its wall time), with
+    the solver ``backends`` (``None``: the default)."""
+    module, config = MODELS[name]
+    loss, args = module.make_loss(config), (module.param_shapes(config),
+                                            module.batch_shapes(config))
     forward = equations(jax.make_jaxpr(loss)(*args).jaxpr)
     step = equations(jax.make_jaxpr(jax.grad(loss))(*args).jaxpr)
+    chosen = {} if backends is None else {"backends": backends}
     rows = []
     for budget in budgets:
         walls, plans = [], []
@@ -55,27 +64,33 @@ def time_model(name: str, config: llama.LlamaConfig, budgets: list[float | str],
             start = time.perf_counter()
             try:
                 plans.append(autoremat.plan(loss, *args, budget=budget,
-                                            time_limit_s=time_limit_s))
+                                            time_limit_s=time_limit_s, **chosen))
             except autoremat.SolverTimeoutError:
                 pass
+            except autoremat.InfeasibleBudgetError:
+                plans.append(None)
             walls.append(time.perf_counter() - start)
         rows.append({"model": name, "forward_equations": forward, "step_equations": step,
-                     "budget": budget, "time_limit_s": time_limit_s, "wall_s": walls,
-                     "median_wall_s": statistics.median(walls), **_outcome(plans, runs)})
-        print(f"{name} at {budget}: median {rows[-1]['median_wall_s']:.1f} s of {walls}, "
-              f"{rows[-1]['status']} gap {rows[-1]['gap']:.2%}", flush=True)
+                     "budget": budget, "time_limit_s": time_limit_s,
+                     "backends": ",".join(backends or autoremat.PlanOptions().backends),
+                     "wall_s": walls, "median_wall_s": statistics.median(walls),
+                     **_outcome(plans, runs)})
+        print(f"{name} at {budget} ({rows[-1]['backends']}): median "
+              f"{rows[-1]['median_wall_s']:.1f} s of {walls}, {rows[-1]['status']} gap "
+              f"{rows[-1]['gap']:.2%} overhead {rows[-1]['overhead']:.4%}", flush=True)
     return rows
 
 
-def _outcome(plans: list[autoremat.Plan], runs: int) -> dict:
+def _outcome(plans: list[autoremat.Plan | None], runs: int) -> dict:
     """The last plan's figures, and whether every run gave the same plan (a run the time
-    limit left without a plan: status ``"timeout"``)."""
-    if not plans:
-        return {"budget_bytes": None, "status": "timeout", "gap": math.inf,
-                "overhead": math.nan, "same_plan_every_run": True}
+    limit left without a plan: status ``"timeout"``; ``None``, a budget below the floor:
+    ``"infeasible"``)."""
+    if not plans or plans[-1] is None:
+        return {"budget_bytes": None, "status": "infeasible" if plans else "timeout",
+                "gap": math.inf, "overhead": math.nan, "same_plan_every_run": True}
     p = plans[-1]
     same = len(plans) == runs and len({(q.saved, q.placement.cuts, q.placement.scan_pieces)
-                                       for q in plans}) == 1
+                                       for q in plans if q is not None}) == 1
     return {"budget_bytes": p.budget_bytes, "status": p.status, "gap": p.gap,
             "overhead": p.overhead, "same_plan_every_run": same}
 
@@ -95,20 +110,24 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--time-limit", type=float, action="append",
                         help="per model, in --model order (default: 4 s scanned, 25 s unrolled)")
+    parser.add_argument("--backends", action="append",
+                        help="solver backends tried in turn, comma-separated (HIGHS,SCIP); "
+                             "given more than once, each is timed (default: the library's)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args()
     names = args.model or list(MODELS)
     budgets = [*(args.fraction or []), *(args.budget or [])] or [0.1, 0.3]
-    limits = args.time_limit or [4.0 if MODELS[n].scan_layers else 25.0 for n in names]
-    rows = [r for n, t in zip(names, limits, strict=True)
-            for r in time_model(n, MODELS[n], budgets, args.runs, t)]
+    limits = args.time_limit or [4.0 if MODELS[n][1].scan_layers else 25.0 for n in names]
+    portfolios = [tuple(b.split(",")) for b in args.backends] if args.backends else [None]
+    rows = [r for n, t in zip(names, limits, strict=True) for b in portfolios
+            for r in time_model(n, budgets, args.runs, t, b)]
     lines = [("| model | forward eqns | step eqns | budget (a fraction: of no-remat activations) "
-              "| time limit s "
+              "| time limit s | backends "
               "| median wall s (runs) | status | gap | recompute overhead | same plan each run |"),
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['forward_equations']} | {r['step_equations']} | "
               f"{_budget(r)} | "
-              f"{r['time_limit_s']:.0f} | "
+              f"{r['time_limit_s']:.0f} | {r['backends']} | "
               f"{r['median_wall_s']:.1f} ({', '.join(f'{w:.1f}' for w in r['wall_s'])}) | "
               f"{r['status']} | "
               f"{r['gap']:.2%} | {r['overhead']:.2%} | {r['same_plan_every_run']} |" for r in rows]

@@ -42,7 +42,7 @@ from autoremat._planner._search import Margins, search
 
 
 def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
-         node_limit: int | None = NODE_LIMIT, backends: tuple[str, ...] = ("HIGHS", "SCIP"),
+         node_limit: int | None = NODE_LIMIT, backends: tuple[str, ...] = ("HIGHS",),
          verify: str | None = AUTO, verify_rounds: int = 4, refine_rounds: int = 0,
          offload: OffloadConfig | None = None,
          progress: Progress | None = None, op_times: OpTimes | None = None,
@@ -87,7 +87,8 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         search it stops ends at the same plan on any machine (status ``"feasible"``, its
         ``gap`` bounding how far from optimal).
       backends: MIP backends tried in turn within the time limit, from ``"HIGHS"``,
-        ``"SCIP"`` and ``"CBC"`` (HiGHS through highspy, the others through OR-tools).
+        ``"SCIP"`` and ``"CBC"`` (HiGHS through highspy, the others through OR-tools);
+        HiGHS alone by default (see :class:`PlanOptions`).
       verify: a target of :mod:`autoremat._measure` (``"tpu-v5e"``, ``"tpu-v4"``, ...
         ahead of time; ``"tpu"``, ``"gpu"``: this process's device): the closed loop.
         The planned step is compiled for the target; while the compiler's peak exceeds

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import autoremat_ilp as ilp
 import numpy as np
+from autoremat_ilp.greedy import Start, greedy_start
 
 from autoremat import _solve
 from autoremat._budget import Budget, format_bytes, parse_budget
@@ -93,7 +94,7 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
 
     Placements settled without a search come first (saving everything fits, or the budget
     is below what every plan holds); the others are solved in turn, the least LP bound
-    first (:func:`autoremat_ilp.greedy_start`), each with its share of the time limit
+    first (:func:`autoremat_ilp.greedy.greedy_start`), each with its share of the time limit
     (``clock``), for the budget less its margin, among the plans cheaper by more than
     :data:`OPTIMALITY_GAP` than the cheapest found before. The plan that costs least
     (recompute, a nested group's forward run again included, and offload, in the solver's
@@ -131,7 +132,7 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
         if settled.plan is not None and settled.cost == 0:
             unsettled = []
             break
-    starts = {k: ilp.greedy_start(problems[k][1], budget_bytes - margin[k]) for k in unsettled}
+    starts = {k: greedy_start(problems[k][1], budget_bytes - margin[k]) for k in unsettled}
     order = sorted(unsettled, key=lambda k: starts[k].bound + replay[k])
     for i, k in enumerate(order):
         outcomes.append(_solve_placement(*problems[k], starts[k], budget_bytes, no_remat_peak,
@@ -186,7 +187,7 @@ def _settled(problem: ilp.Problem, nothing_peak: int, nothing: Callable[[], Plan
     return None
 
 
-def _solve_placement(graph: Graph, problem: ilp.Problem, start: ilp.Start, budget_bytes: int,
+def _solve_placement(graph: Graph, problem: ilp.Problem, start: Start, budget_bytes: int,
                      no_remat_peak: int, margin: int, replay: float, options: PlanOptions,
                      limits: SolveLimits, cheapest: float) -> _Outcome:
     """The :class:`_Outcome` of one placement (``graph``, whose forward replays cost

@@ -8,8 +8,6 @@ each value under a peak-memory budget (see ``README.md`` beside this file).
 ``autoremat_solvers`` uses too.
 """
 
-from autoremat_ilp.greedy import Start as Start
-from autoremat_ilp.greedy import greedy_start as greedy_start
 from autoremat_ilp.memory import evaluate as evaluate
 from autoremat_ilp.memory import host_bytes as host_bytes
 from autoremat_ilp.memory import prune as prune
@@ -34,11 +32,9 @@ __all__ = [
     "Problem",
     "Progress",
     "Solution",
-    "Start",
     "Status",
     "build_model",
     "evaluate",
-    "greedy_start",
     "host_bytes",
     "prune",
     "solve",

@@ -22,7 +22,7 @@ from autoremat_ilp.model import build_model
 from autoremat_ilp.problem import Problem
 from autoremat_ilp.status import Status
 
-__all__ = ["Start", "covering_plan", "greedy_start", "region_plan"]
+__all__ = ["Start", "covering_plan", "fitted", "greedy_start", "region_plan"]
 
 Plan = tuple[np.ndarray, np.ndarray]
 
@@ -97,15 +97,37 @@ def _rounded(problem: Problem, budget: int, inputs: list[list[int]]
         return None, math.inf if lp.status is Status.INFEASIBLE else -math.inf
     share = lp.x[model.variables.save]
     candidates = np.flatnonzero(problem.can_save)
-    worth = problem.cost[candidates] / np.maximum(problem.held[candidates], 1)
     # Most saved by the LP first; of equal shares, the dearest to recompute per byte.
-    order = candidates[np.lexsort((-worth, -share[candidates]))]
+    order = candidates[np.lexsort((-_worth(problem, candidates), -share[candidates]))]
+    return _longest_prefix(problem, budget, order, inputs), lp.objective * model.unit
+
+
+def fitted(problem: Problem, budget: int, saved: np.ndarray) -> Plan | None:
+    """The :func:`covering_plan` saving as many of the values ``saved`` (a mask) as fit
+    ``budget``, the dearest to recompute per byte kept: a plan of the problem with fewer
+    stage bounds (:meth:`~autoremat_ilp.problem.Problem.with_bounds`) repaired to keep all
+    of them; ``None`` where none fits."""
+    candidates = np.flatnonzero(saved & problem.can_save)
+    order = candidates[np.argsort(-_worth(problem, candidates), kind="stable")]
+    plan = _longest_prefix(problem, budget, order, _inputs(problem))
+    return None if plan is None or violations(problem, *plan) else plan
+
+
+def _worth(problem: Problem, values: np.ndarray) -> np.ndarray:
+    """The recompute cost per byte held of ``values``."""
+    return problem.cost[values] / np.maximum(problem.held[values], 1)
+
+
+def _longest_prefix(problem: Problem, budget: int, order: np.ndarray,
+                    inputs: list[list[int]]) -> Plan | None:
+    """The :func:`covering_plan` saving the longest prefix of ``order`` that fits
+    ``budget``."""
 
     def without_last(k: int) -> Plan | None:
         return covering_plan(problem, np.isin(np.arange(problem.num_values),
                                               order[:len(order) - k]), inputs)
 
-    return _least(without_last, problem, budget, len(order)), lp.objective * model.unit
+    return _least(without_last, problem, budget, len(order))
 
 
 def _by_regions(problem: Problem, budget: int, inputs: list[list[int]]) -> Plan | None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from autoremat_ilp.greedy import Start, greedy_start
+from autoremat_ilp.greedy import Start, fitted, greedy_start
 from autoremat_ilp.memory import evaluate, prune, reserved_peaks
 from autoremat_ilp.milp import MilpResult, Progress, solve_milp
 from autoremat_ilp.model import Model, build_model, cost_unit
@@ -86,7 +86,7 @@ def solve_min_peak(problem: Problem, *, time_limit_s: float | None = None,
     """
     start = time.perf_counter()
 
-    def on(sub: Problem) -> Solution:
+    def on(sub: Problem, _: Solution | None) -> Solution:
         model = build_model(sub, None)
         return _solution(sub, model, solve_milp(model.milp, backend=backend,
                                                 time_limit_s=_left(time_limit_s, start),
@@ -100,16 +100,18 @@ def _left(time_limit_s: float | None, start: float) -> float | None:
     return None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - start))
 
 
-def _lazily(problem: Problem, solve_on: Callable[[Problem], Solution], budget: int | None
-            ) -> Solution:
+def _lazily(problem: Problem, solve_on: Callable[[Problem, Solution | None], Solution],
+            budget: int | None) -> Solution:
     """``solve_on`` the problem without its lazy bounds (:meth:`Problem.lazy_bounds`),
     then again with those its plan breaks (over ``budget``, or without one over the
     plan's peak), until it breaks none: a plan of the whole problem, evaluated on it,
-    from MILPs with the few bounds that bind."""
+    from MILPs with the few bounds that bind. ``solve_on`` is also given the solution
+    before that broke them (``None`` first)."""
     start, timed_out = time.perf_counter(), False
     active = ~problem.lazy_bounds()
+    res = None
     while True:
-        res = solve_on(problem.with_bounds(active))
+        res = solve_on(problem.with_bounds(active), res)
         timed_out |= res.timed_out
         done = dataclasses.replace(res, wall_s=time.perf_counter() - start, timed_out=timed_out)
         if res.save is None or res.recompute is None or active.all():
@@ -194,10 +196,16 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
                          progress: Progress | None, cutoff: float | None,
                          first: tuple[np.ndarray, np.ndarray] | None) -> Solution:
     """The backend's plan within ``budget``, its search started from plan ``first``
-    (within the budget) where there is one."""
+    (within the budget) where there is one, or from the plan before that broke a lazy
+    bound repaired (:func:`~autoremat_ilp.greedy.fitted`) where that costs less; the
+    cheapest of those where the search finds none."""
     start = time.perf_counter()
+    best = None if first is None else (first, evaluate(problem, *first)[0])
 
-    def on(sub: Problem) -> Solution:
+    def on(sub: Problem, before: Solution | None) -> Solution:
+        nonlocal best
+        if before is not None and before.save is not None:
+            best = _cheaper(problem, budget, fitted(problem, budget, before.save), best, cutoff)
         margin = 0
         for _ in range(4):
             model = build_model(sub, budget - margin)
@@ -205,14 +213,33 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
                 model.milp, backend=backend, time_limit_s=_left(time_limit_s, start),
                 node_limit=node_limit, relative_gap=relative_gap, progress=progress,
                 cutoff=None if cutoff is None else cutoff / model.unit,
-                start=None if first is None or margin else _columns(model, *first)))
+                start=None if best is None or margin else _columns(model, *best[0])))
             # The solver's feasibility tolerance is relative; the exact peak decides.
             if res.save is None or res.peak <= budget:
                 return res
             margin += res.peak - budget
         raise RuntimeError("solver kept returning plans over the budget")
 
-    return _lazily(problem, on, budget)
+    res = _lazily(problem, on, budget)
+    if res.save is not None or best is None or best[0] is first:
+        return res
+    cost, peak = evaluate(problem, *best[0])  # found here, not by the portfolio's start
+    return dataclasses.replace(res, status=Status.FEASIBLE, save=best[0][0],
+                               recompute=best[0][1], cost=cost, peak=peak, gap=math.inf)
+
+
+def _cheaper(problem: Problem, budget: int, plan: tuple[np.ndarray, np.ndarray] | None,
+             best: tuple[tuple[np.ndarray, np.ndarray], float] | None, cutoff: float | None
+             ) -> tuple[tuple[np.ndarray, np.ndarray], float] | None:
+    """``(plan, its cost)`` where ``plan`` fits ``budget`` and costs less than ``best``
+    (and at most ``cutoff``); otherwise ``best``."""
+    if plan is None:
+        return best
+    cost, peak = evaluate(problem, *plan)
+    if peak > budget or (cutoff is not None and cost > cutoff) or (
+            best is not None and cost >= best[1]):
+        return best
+    return plan, cost
 
 
 def _columns(model: Model, save: np.ndarray, recompute: np.ndarray

@@ -173,7 +173,8 @@ class Problem:
 
         return dataclasses.replace(self, unshared=np.atleast_2d(self.unshared)[keep],
                                    reserved_room=kept(self.reserved_room),
-                                   reserved_cap=kept(self.reserved_cap))
+                                   reserved_cap=None if self.reserved_cap is None
+                                   else np.asarray(self.reserved_cap)[keep])
 
     @property
     def num_values(self) -> int:

@@ -3,7 +3,7 @@
 import autoremat_ilp as ilp
 import numpy as np
 import pytest
-from autoremat_ilp.greedy import greedy_start, region_plan
+from autoremat_ilp.greedy import fitted, greedy_start, region_plan
 
 from autoremat import _rewrite, _solve, _trace, zoo
 from autoremat._placement import Placement
@@ -42,4 +42,28 @@ def test_a_greedy_plan_is_valid_and_fits_from_the_least_peak_of_its_regions_on(m
         assert peak <= budget
         assert cost >= ilp.solve(problem, budget).cost >= bound - 1e-6 * abs(bound)
     plan = greedy_start(problem, highest).plan
+    assert plan is not None and ilp.evaluate(problem, *plan)[0] == 0
+
+
+@pytest.mark.parametrize("make", [chain, keep_or_recompute, lambda: released(chain()),
+                                  _llama_problem])
+def test_a_plan_of_fewer_bounds_fitted_to_all_is_valid_and_fits(make):
+    problem = make()
+    R = problem.num_regions
+    every = region_plan(problem, np.ones(R, dtype=bool))
+    kept = region_plan(problem, np.zeros(R, dtype=bool))
+    assert every is not None and kept is not None
+    lowest, highest = ilp.evaluate(problem, *every)[1], ilp.evaluate(problem, *kept)[1]
+    # What the solver gets first: the problem without its lazy bounds, whose plans may
+    # break them.
+    loose = problem.with_bounds(~problem.lazy_bounds())
+    assert fitted(problem, min(lowest, highest) - 1, problem.can_save) is None
+    for budget in np.linspace(lowest, max(lowest, highest), 5).astype(int).tolist():
+        found = ilp.solve(loose, budget)
+        assert found.save is not None
+        plan = fitted(problem, budget, found.save)
+        assert plan is not None and ilp.violations(problem, *plan) == []
+        cost, peak = ilp.evaluate(problem, *plan)
+        assert peak <= budget and cost >= ilp.solve(problem, budget).cost
+    plan = fitted(problem, highest, problem.can_save)
     assert plan is not None and ilp.evaluate(problem, *plan)[0] == 0
