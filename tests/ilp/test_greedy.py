@@ -18,6 +18,15 @@ def _llama_problem() -> ilp.Problem:
     return _solve.problem_of(_trace.graph_of(program, Placement(_trace.layer_cuts(program)))[1])
 
 
+def _region_peaks(problem: ilp.Problem) -> tuple[int, int]:
+    """The peaks of recomputing every region and none (whole regions)."""
+    R = problem.num_regions
+    every = region_plan(problem, np.ones(R, dtype=bool))
+    kept = region_plan(problem, np.zeros(R, dtype=bool))
+    assert every is not None and kept is not None
+    return ilp.evaluate(problem, *every)[1], ilp.evaluate(problem, *kept)[1]
+
+
 def test_the_start_of_two_regions_recomputes_the_costlier_value_and_bounds_its_cost():
     (save, recompute), bound = greedy_start(keep_or_recompute(), 15)
     assert save.tolist() == [False, True] and recompute.tolist() == [True, False]
@@ -28,11 +37,7 @@ def test_the_start_of_two_regions_recomputes_the_costlier_value_and_bounds_its_c
                                   _llama_problem])
 def test_a_greedy_plan_is_valid_and_fits_from_the_least_peak_of_its_regions_on(make):
     problem = make()
-    R = problem.num_regions
-    every = region_plan(problem, np.ones(R, dtype=bool))
-    kept = region_plan(problem, np.zeros(R, dtype=bool))
-    assert every is not None and kept is not None
-    lowest, highest = ilp.evaluate(problem, *every)[1], ilp.evaluate(problem, *kept)[1]
+    lowest, highest = _region_peaks(problem)
     assert greedy_start(problem, min(lowest, highest) - 1).plan is None
     for budget in np.linspace(lowest, max(lowest, highest), 5).astype(int).tolist():
         plan, bound = greedy_start(problem, budget)
@@ -49,11 +54,7 @@ def test_a_greedy_plan_is_valid_and_fits_from_the_least_peak_of_its_regions_on(m
                                   _llama_problem])
 def test_a_plan_of_fewer_bounds_fitted_to_all_is_valid_and_fits(make):
     problem = make()
-    R = problem.num_regions
-    every = region_plan(problem, np.ones(R, dtype=bool))
-    kept = region_plan(problem, np.zeros(R, dtype=bool))
-    assert every is not None and kept is not None
-    lowest, highest = ilp.evaluate(problem, *every)[1], ilp.evaluate(problem, *kept)[1]
+    lowest, highest = _region_peaks(problem)
     # What the solver gets first: the problem without its lazy bounds, whose plans may
     # break them.
     loose = problem.with_bounds(~problem.lazy_bounds())
