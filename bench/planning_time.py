@@ -101,6 +101,25 @@ def _budget(r: dict) -> str:
     return given if r["budget_bytes"] is None else f"{given} ({r['budget_bytes'] / 2**30:.2f} GiB)"
 
 
+def merged(folders: list[pathlib.Path]) -> list[dict]:
+    """The rows of runs made by separate processes (say, alternating with another library
+    run by run), read from each folder's ``planning_time.json``: one row per model, budget
+    and backends, its wall times all the runs', its figures the last run's; whether every
+    run gave the same plan is then judged by its recompute overhead and status alone."""
+    groups: dict[tuple, list[dict]] = {}
+    for folder in folders:
+        for r in json.loads((folder / "planning_time.json").read_text()):
+            groups.setdefault((r["model"], str(r["budget"]), r["backends"]), []).append(r)
+    rows = []
+    for runs in groups.values():
+        walls = [w for r in runs for w in r["wall_s"]]
+        same = all(r["same_plan_every_run"] for r in runs) and len(
+            {(r["status"], r["overhead"]) for r in runs}) == 1
+        rows.append({**runs[-1], "wall_s": walls, "median_wall_s": statistics.median(walls),
+                     "same_plan_every_run": same})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", choices=sorted(MODELS))
@@ -113,14 +132,24 @@ def main() -> None:
     parser.add_argument("--backends", action="append",
                         help="solver backends tried in turn, comma-separated (HIGHS,SCIP); "
                              "given more than once, each is timed (default: the library's)")
+    parser.add_argument("--merge", type=pathlib.Path, action="append",
+                        help="instead of timing, merge the runs in these output folders")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("bench/results"))
     args = parser.parse_args()
-    names = args.model or list(MODELS)
-    budgets = [*(args.fraction or []), *(args.budget or [])] or [0.1, 0.3]
-    limits = args.time_limit or [4.0 if MODELS[n][1].scan_layers else 25.0 for n in names]
-    portfolios = [tuple(b.split(",")) for b in args.backends] if args.backends else [None]
-    rows = [r for n, t in zip(names, limits, strict=True) for b in portfolios
-            for r in time_model(n, budgets, args.runs, t, b)]
+    if args.merge:
+        rows = merged(args.merge)
+    else:
+        names = args.model or list(MODELS)
+        budgets = [*(args.fraction or []), *(args.budget or [])] or [0.1, 0.3]
+        limits = args.time_limit or [4.0 if MODELS[n][1].scan_layers else 25.0 for n in names]
+        portfolios = [tuple(b.split(",")) for b in args.backends] if args.backends else [None]
+        rows = [r for n, t in zip(names, limits, strict=True) for b in portfolios
+                for r in time_model(n, budgets, args.runs, t, b)]
+    write(rows, args.out)
+
+
+def write(rows: list[dict], out: pathlib.Path) -> None:
+    """``planning_time.md`` and ``.json`` of ``rows`` in ``out``."""
     lines = [("| model | forward eqns | step eqns | budget (a fraction: of no-remat activations) "
               "| time limit s | backends "
               "| median wall s (runs) | status | gap | recompute overhead | same plan each run |"),
@@ -131,14 +160,14 @@ def main() -> None:
               f"{r['median_wall_s']:.1f} ({', '.join(f'{w:.1f}' for w in r['wall_s'])}) | "
               f"{r['status']} | "
               f"{r['gap']:.2%} | {r['overhead']:.2%} | {r['same_plan_every_run']} |" for r in rows]
-    args.out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     header = ("# Planning time\n\nMade with "
               f"`python bench/planning_time.py {shlex.join(sys.argv[1:])}` "
               f"on {os.cpu_count()} cores; versions {json.dumps(versions())}. Wall time of "
               "`autoremat.plan` (trace, every placement, solve); the time limit bounds the whole "
               "call (tracing included).\n\n")
-    (args.out / "planning_time.md").write_text(header + "\n".join(lines) + "\n")
-    (args.out / "planning_time.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "planning_time.md").write_text(header + "\n".join(lines) + "\n")
+    (out / "planning_time.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":
