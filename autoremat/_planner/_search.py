@@ -120,18 +120,13 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
 
     margin = [margins.of(graph.placement) for graph, _ in problems]
     replay = [_solve.replay_cost(graph, problem) for graph, problem in problems]
-    outcomes: list[_Outcome] = []
-    unsettled: list[int] = []
-    for k, (_, problem) in enumerate(problems):
-        settled = _settled(problem, nothing[k][2].peak_bytes, functools.partial(nothing_plan, k),
-                           budget_bytes - margin[k], margin[k], replay[k])
-        if settled is None:
-            unsettled.append(k)
-            continue
-        outcomes.append(settled)
-        if settled.plan is not None and settled.cost == 0:
-            unsettled = []
-            break
+
+    def settled(k: int) -> _Outcome | None:
+        return _settled(problems[k][1], nothing[k][2].peak_bytes,
+                        functools.partial(nothing_plan, k), budget_bytes - margin[k],
+                        margin[k], replay[k])
+
+    outcomes, unsettled = _settle(settled, len(problems))
     starts = {k: greedy_start(problems[k][1], budget_bytes - margin[k]) for k in unsettled}
     order = sorted(unsettled, key=lambda k: starts[k].bound + replay[k])
     for i, k in enumerate(order):
@@ -172,6 +167,24 @@ def _per_layer_within(candidates: Sequence[Candidate], budget_bytes: int, no_rem
     if needed > budget_bytes:
         raise InfeasibleBudgetError(budget_bytes, min(needed, infeasible.floor_bytes))
     return dataclasses.replace(layered, budget_bytes=budget_bytes)
+
+
+def _settle(settled: Callable[[int], _Outcome | None], count: int
+            ) -> tuple[list[_Outcome], list[int]]:
+    """The outcomes of the ``count`` placements that ``settled(k)`` settles without a
+    search (see :func:`_settled`), in order, and the indices of the others; none of those
+    once a placement's plan recomputes nothing."""
+    outcomes: list[_Outcome] = []
+    unsettled: list[int] = []
+    for k in range(count):
+        outcome = settled(k)
+        if outcome is None:
+            unsettled.append(k)
+            continue
+        outcomes.append(outcome)
+        if outcome.plan is not None and outcome.cost == 0:
+            return outcomes, []
+    return outcomes, unsettled
 
 
 def _settled(problem: ilp.Problem, nothing_peak: int, nothing: Callable[[], Plan],
