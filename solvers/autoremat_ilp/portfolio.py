@@ -156,7 +156,7 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
     timed_out = False
     for backend in backends:
         res = _solve_within_budget(problem, budget, share, node_limit, relative_gap, backend,
-                                   progress, cutoff, first)
+                                   progress, cutoff, None if first is None else (first, first_cost))
         timed_out, bound = timed_out or res.timed_out, max(bound, res.bound)
         if res.status is Status.INFEASIBLE and cutoff is not None:
             return dataclasses.replace(res, status=Status.CUT_OFF, peak=-1,
@@ -194,13 +194,14 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
 def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
                          node_limit: int | None, relative_gap: float, backend: str,
                          progress: Progress | None, cutoff: float | None,
-                         first: tuple[np.ndarray, np.ndarray] | None) -> Solution:
-    """The backend's plan within ``budget``, its search started from plan ``first``
-    (within the budget) where there is one, or from the plan before that broke a lazy
-    bound repaired (:func:`~autoremat_ilp.greedy.fitted`) where that costs less; the
-    cheapest of those where the search finds none."""
+                         first: tuple[tuple[np.ndarray, np.ndarray], float] | None
+                         ) -> Solution:
+    """The backend's plan within ``budget``, its search started from ``first`` (a plan
+    within the budget and its cost) where there is one, or from the plan before that broke
+    a lazy bound repaired (:func:`~autoremat_ilp.greedy.fitted`) where that costs less;
+    the repaired plan where the search finds none (the portfolio falls back on ``first``)."""
     start = time.perf_counter()
-    best = None if first is None else (first, evaluate(problem, *first)[0])
+    best = first
 
     def on(sub: Problem, before: Solution | None) -> Solution:
         nonlocal best
@@ -221,7 +222,7 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
         raise RuntimeError("solver kept returning plans over the budget")
 
     res = _lazily(problem, on, budget)
-    if res.save is not None or best is None or best[0] is first:
+    if res.save is not None or best is None or best is first:
         return res
     cost, peak = evaluate(problem, *best[0])  # found here, not by the portfolio's start
     return dataclasses.replace(res, status=Status.FEASIBLE, save=best[0][0],
