@@ -206,7 +206,7 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
     def on(sub: Problem, before: Solution | None) -> Solution:
         nonlocal best
         if before is not None and before.save is not None:
-            best = _cheaper(problem, budget, fitted(problem, budget, before.save), best, cutoff)
+            best = _cheaper(problem, fitted(problem, budget, before.save), best, cutoff)
         margin = 0
         for _ in range(4):
             model = build_model(sub, budget - margin)
@@ -229,16 +229,15 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
                                recompute=best[0][1], cost=cost, peak=peak, gap=math.inf)
 
 
-def _cheaper(problem: Problem, budget: int, plan: tuple[np.ndarray, np.ndarray] | None,
+def _cheaper(problem: Problem, plan: tuple[np.ndarray, np.ndarray] | None,
              best: tuple[tuple[np.ndarray, np.ndarray], float] | None, cutoff: float | None
              ) -> tuple[tuple[np.ndarray, np.ndarray], float] | None:
-    """``(plan, its cost)`` where ``plan`` fits ``budget`` and costs less than ``best``
-    (and at most ``cutoff``); otherwise ``best``."""
+    """``(plan, its cost)`` where ``plan`` (one that fits, :func:`fitted`'s) costs less
+    than ``best`` and at most ``cutoff``; otherwise ``best``."""
     if plan is None:
         return best
-    cost, peak = evaluate(problem, *plan)
-    if peak > budget or (cutoff is not None and cost > cutoff) or (
-            best is not None and cost >= best[1]):
+    cost = evaluate(problem, *plan)[0]
+    if (cutoff is not None and cost > cutoff) or (best is not None and cost >= best[1]):
         return best
     return plan, cost
 
