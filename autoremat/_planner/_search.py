@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import autoremat_ilp as ilp
 import numpy as np
-from autoremat_ilp.greedy import Start, greedy_start
+from autoremat_ilp.greedy import Relaxation, relax
 
 from autoremat import _solve
 from autoremat._budget import Budget, format_bytes, parse_budget
@@ -95,7 +95,7 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
 
     Placements settled without a search come first (saving everything fits, or the budget
     is below what every plan holds); the others are solved in turn, the least LP bound
-    first (:func:`autoremat_ilp.greedy.greedy_start`), each with its share of the time limit
+    first (:func:`autoremat_ilp.greedy.relax`), each with its share of the time limit
     (``clock``), for the budget less its margin, among the plans cheaper by more than
     :data:`OPTIMALITY_GAP` than the cheapest found before. The plan that costs least
     (recompute, a nested group's forward run again included, and offload, in the solver's
@@ -128,10 +128,10 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
                         margin[k], replay[k])
 
     outcomes, unsettled = _settle(settled, len(problems))
-    starts = {k: greedy_start(problems[k][1], budget_bytes - margin[k]) for k in unsettled}
-    order = sorted(unsettled, key=lambda k: starts[k].bound + replay[k])
+    relaxed = {k: relax(problems[k][1], budget_bytes - margin[k]) for k in unsettled}
+    order = sorted(unsettled, key=lambda k: relaxed[k].bound + replay[k])
     for i, k in enumerate(order):
-        outcomes.append(_solve_placement(*problems[k], starts[k], budget_bytes, no_remat_peak,
+        outcomes.append(_solve_placement(*problems[k], relaxed[k], budget_bytes, no_remat_peak,
                                          margin[k], replay[k], options,
                                          clock.limits(len(order) - i, ranked=True),
                                          min((o.cost for o in outcomes), default=math.inf)))
@@ -201,17 +201,18 @@ def _settled(problem: ilp.Problem, nothing_peak: int, nothing: Callable[[], Plan
     return None
 
 
-def _solve_placement(graph: Graph, problem: ilp.Problem, start: Start, budget_bytes: int,
-                     no_remat_peak: int, margin: int, replay: float, options: PlanOptions,
-                     limits: SolveLimits, cheapest: float) -> _Outcome:
+def _solve_placement(graph: Graph, problem: ilp.Problem, relaxation: Relaxation,
+                     budget_bytes: int, no_remat_peak: int, margin: int, replay: float,
+                     options: PlanOptions, limits: SolveLimits, cheapest: float) -> _Outcome:
     """The :class:`_Outcome` of one placement (``graph``, whose forward replays cost
-    ``replay``) within ``budget_bytes - margin``, its search started from ``start``, among
+    ``replay``) within ``budget_bytes - margin``, its LP relaxation ``relaxation``, among
     the plans cheaper by more than :data:`OPTIMALITY_GAP` than ``cheapest``, the cheapest
     plan of the placements solved before."""
     cutoff = None if math.isinf(cheapest) else cheapest * (1 - OPTIMALITY_GAP) - replay
     result = checked(ilp.solve(problem, budget_bytes - margin, **limits,
                                relative_gap=OPTIMALITY_GAP, backends=options.backends,
-                               progress=options.progress, cutoff=cutoff, start=start))
+                               progress=options.progress, cutoff=cutoff,
+                               relaxation=relaxation))
     if result.status is ilp.Status.CUT_OFF:
         return _Outcome(bound=cheapest, solve_seconds=result.wall_s)
     if result.status is ilp.Status.INFEASIBLE:

@@ -22,9 +22,19 @@ from autoremat_ilp.model import build_model
 from autoremat_ilp.problem import Problem
 from autoremat_ilp.status import Status
 
-__all__ = ["Start", "covering_plan", "fitted", "greedy_start", "region_plan"]
+__all__ = ["Relaxation", "Start", "covering_plan", "fitted", "greedy_start", "region_plan",
+           "relax"]
 
 Plan = tuple[np.ndarray, np.ndarray]
+
+
+class Relaxation(NamedTuple):
+    """The LP relaxation of a problem within a budget: its least cost, a lower bound on
+    any plan's (``inf`` where it is infeasible, ``-inf`` where the LP was not solved), and
+    the share of each value it saves (``None`` where it has no solution)."""
+
+    bound: float
+    share: np.ndarray | None
 
 
 class Start(NamedTuple):
@@ -36,31 +46,43 @@ class Start(NamedTuple):
     bound: float
 
 
-def greedy_start(problem: Problem, budget: int) -> Start:
+def relax(problem: Problem, budget: int) -> Relaxation:
+    """The :class:`Relaxation` of ``problem`` within ``budget``, its lazy stage bounds left
+    out (:meth:`~autoremat_ilp.problem.Problem.lazy_bounds`)."""
+    model = build_model(problem.with_bounds(~problem.lazy_bounds()), budget)
+    lp = solve_milp(dataclasses.replace(model.milp, integer=np.zeros_like(model.milp.integer)))
+    if lp.x is None:
+        return Relaxation(math.inf if lp.status is Status.INFEASIBLE else -math.inf, None)
+    return Relaxation(lp.objective * model.unit, lp.x[model.variables.save])
+
+
+def greedy_start(problem: Problem, budget: int, relaxation: Relaxation | None = None
+                 ) -> Start:
     """The plan of :func:`_rounded` within ``budget`` (measured on Llama-style models,
     cheaper than :func:`_by_regions`'s, the plan where it finds none), and the LP
-    relaxation's bound (``tests/ilp/test_greedy.py`` shows both on small problems)."""
-    inputs = _inputs(problem)
-    plan, bound = _rounded(problem, budget, inputs)
+    relaxation's bound (``relaxation``: :func:`relax`'s, made here where ``None``;
+    ``tests/ilp/test_greedy.py`` shows both on small problems)."""
+    relaxation = relax(problem, budget) if relaxation is None else relaxation
+    plan = None if relaxation.share is None else _rounded(problem, budget, relaxation.share)
     if plan is None or violations(problem, *plan):
-        plan = _by_regions(problem, budget, inputs)
+        plan = _by_regions(problem, budget)
         if plan is not None and violations(problem, *plan):
             plan = None
-    return Start(plan, bound)
+    return Start(plan, relaxation.bound)
 
 
-def covering_plan(problem: Problem, saved: np.ndarray, inputs: list[list[int]] | None = None
-                  ) -> Plan | None:
+def covering_plan(problem: Problem, saved: np.ndarray) -> Plan | None:
     """The plan that saves the values ``saved`` (a mask) that it may, and what it must,
     and recomputes the rest of what the backward reads, from saved inputs or inputs
     recomputed in the same region (pruned: :func:`~autoremat_ilp.memory.prune`); ``None``
     where a value can be neither saved nor recomputed as that needs (a value that must be
-    saved but cannot is left to :func:`~autoremat_ilp.memory.violations`). ``inputs``:
-    each value's inputs (made here when ``None``)."""
-    inputs = _inputs(problem) if inputs is None else inputs
-    region = problem.region
-    save = (saved | problem.must_save) & problem.can_save
-    recompute = (problem.must_cover | problem.must_save) & ~save & problem.can_recompute
+    saved but cannot is left to :func:`~autoremat_ilp.memory.violations`)."""
+    inputs, region = problem.adjacency.inputs, problem.region.tolist()
+    can_save, can_recompute = problem.can_save.tolist(), problem.can_recompute.tolist()
+    wanted = saved.tolist()
+    save = ((saved | problem.must_save) & problem.can_save).tolist()
+    recompute = ((problem.must_cover | problem.must_save) & problem.can_recompute).tolist()
+    recompute = [r and not s for r, s in zip(recompute, save, strict=True)]
     # Inputs come before their readers: a value marked late is visited still.
     for v in range(problem.num_values - 1, -1, -1):
         if not recompute[v]:
@@ -68,38 +90,30 @@ def covering_plan(problem: Problem, saved: np.ndarray, inputs: list[list[int]] |
         for u in inputs[v]:
             if save[u] or recompute[u]:
                 continue
-            if region[u] == region[v] and problem.can_recompute[u] and not saved[u]:
+            if region[u] == region[v] and can_recompute[u] and not wanted[u]:
                 recompute[u] = True
-            elif problem.can_save[u]:
+            elif can_save[u]:
                 save[u] = True
             else:
                 return None
-    save, recompute, _ = prune(problem, save, recompute)
+    save, recompute, _ = prune(problem, np.array(save), np.array(recompute))
     return save, recompute
 
 
-def region_plan(problem: Problem, recomputed: np.ndarray, inputs: list[list[int]] | None = None
-                ) -> Plan | None:
+def region_plan(problem: Problem, recomputed: np.ndarray) -> Plan | None:
     """The :func:`covering_plan` that recomputes what the backward reads in the regions
     ``recomputed`` (a mask over the regions) and saves it in the others."""
     remat = recomputed[problem.region] & problem.can_recompute & ~problem.must_save
-    return covering_plan(problem, (problem.must_cover | problem.must_save) & ~remat, inputs)
+    return covering_plan(problem, (problem.must_cover | problem.must_save) & ~remat)
 
 
-def _rounded(problem: Problem, budget: int, inputs: list[list[int]]
-             ) -> tuple[Plan | None, float]:
+def _rounded(problem: Problem, budget: int, share: np.ndarray) -> Plan | None:
     """The LP relaxation's plan rounded: the :func:`covering_plan` saving the values the
-    LP saves most, as many as fit the budget; and the relaxation's least cost (``inf``
-    where it is infeasible)."""
-    model = build_model(problem.with_bounds(~problem.lazy_bounds()), budget)
-    lp = solve_milp(dataclasses.replace(model.milp, integer=np.zeros_like(model.milp.integer)))
-    if lp.x is None:
-        return None, math.inf if lp.status is Status.INFEASIBLE else -math.inf
-    share = lp.x[model.variables.save]
+    LP saves most (``share`` of each), as many as fit the budget."""
     candidates = np.flatnonzero(problem.can_save)
     # Most saved by the LP first; of equal shares, the dearest to recompute per byte.
     order = candidates[np.lexsort((-_worth(problem, candidates), -share[candidates]))]
-    return _longest_prefix(problem, budget, order, inputs), lp.objective * model.unit
+    return _longest_prefix(problem, budget, order)
 
 
 def fitted(problem: Problem, budget: int, saved: np.ndarray) -> Plan | None:
@@ -109,7 +123,7 @@ def fitted(problem: Problem, budget: int, saved: np.ndarray) -> Plan | None:
     of them; ``None`` where none fits."""
     candidates = np.flatnonzero(saved & problem.can_save)
     order = candidates[np.argsort(-_worth(problem, candidates), kind="stable")]
-    plan = _longest_prefix(problem, budget, order, _inputs(problem))
+    plan = _longest_prefix(problem, budget, order)
     return None if plan is None or violations(problem, *plan) else plan
 
 
@@ -118,28 +132,27 @@ def _worth(problem: Problem, values: np.ndarray) -> np.ndarray:
     return problem.cost[values] / np.maximum(problem.held[values], 1)
 
 
-def _longest_prefix(problem: Problem, budget: int, order: np.ndarray,
-                    inputs: list[list[int]]) -> Plan | None:
+def _longest_prefix(problem: Problem, budget: int, order: np.ndarray) -> Plan | None:
     """The :func:`covering_plan` saving the longest prefix of ``order`` that fits
     ``budget``."""
 
     def without_last(k: int) -> Plan | None:
         return covering_plan(problem, np.isin(np.arange(problem.num_values),
-                                              order[:len(order) - k]), inputs)
+                                              order[:len(order) - k]))
 
     return _least(without_last, problem, budget, len(order))
 
 
-def _by_regions(problem: Problem, budget: int, inputs: list[list[int]]) -> Plan | None:
+def _by_regions(problem: Problem, budget: int) -> Plan | None:
     """The :func:`region_plan` recomputing the fewest regions, in order of recompute cost
     per byte freed, that fits the budget."""
     R = problem.num_regions
-    kept = region_plan(problem, np.zeros(R, dtype=bool), inputs)
-    every = region_plan(problem, np.ones(R, dtype=bool), inputs)
+    kept = region_plan(problem, np.zeros(R, dtype=bool))
+    every = region_plan(problem, np.ones(R, dtype=bool))
     if kept is None or every is None:
         return None
     order = _by_rate(problem, kept, every)
-    return _least(lambda n: region_plan(problem, np.isin(np.arange(R), order[:n]), inputs),
+    return _least(lambda n: region_plan(problem, np.isin(np.arange(R), order[:n])),
                   problem, budget, R)
 
 
@@ -163,14 +176,6 @@ def _least(plan: Callable[[int], Plan | None], problem: Problem, budget: int, mo
         else:
             hi = mid
     return fitting(hi)
-
-
-def _inputs(problem: Problem) -> list[list[int]]:
-    """Each value's inputs."""
-    inputs: list[list[int]] = [[] for _ in range(problem.num_values)]
-    for u, v in problem.edges.tolist():
-        inputs[v].append(u)
-    return inputs
 
 
 def _by_rate(problem: Problem, kept: Plan, every: Plan) -> list[int]:

@@ -87,7 +87,7 @@ def stage_bytes(problem: Problem, save: np.ndarray, recompute: np.ndarray,
     stages = _stages(problem, problem.base, problem.forward_base, released, held, own, trans)
     for bound_stages in _reserved_stages(problem, saved, trans):
         stages = np.maximum(stages, bound_stages)
-    return stages
+    return stages.astype(object)
 
 
 def reserved_peaks(problem: Problem, save: np.ndarray, recompute: np.ndarray,
@@ -122,15 +122,14 @@ def _reserved_stages(problem: Problem, saved: np.ndarray, trans: np.ndarray
 
 def _by_region(problem: Problem, mask: np.ndarray, nbytes: np.ndarray | None,
                region: np.ndarray | None = None) -> np.ndarray:
-    """Per region, the total of ``nbytes`` over the values in ``mask`` (exact Python
-    integers; zeros where ``nbytes`` is ``None``), each value counted at its ``region``
-    (by default, its own)."""
+    """Per region, the total of ``nbytes`` over the values in ``mask`` (zeros where
+    ``nbytes`` is ``None``), each value counted at its ``region`` (by default, its own)."""
     region = problem.region if region is None else region
     total = np.zeros(problem.num_regions, dtype=np.int64)  # exact below 2**63 bytes
     if nbytes is not None:
         at = np.flatnonzero(mask)
         np.add.at(total, region[at], np.asarray(nbytes)[at].astype(np.int64))
-    return total.astype(object)
+    return total
 
 
 def _held_by_region(problem: Problem, saved: np.ndarray, held: np.ndarray | None = None,
@@ -138,7 +137,7 @@ def _held_by_region(problem: Problem, saved: np.ndarray, held: np.ndarray | None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per region, the bytes the ``saved`` values hold to the end of its backward (by
     the region releasing them), those they hold from its forward on (by their own), and
-    those they hold at its forward stage (exact Python integers); each value counts its
+    those they hold at its forward stage; each value counts its
     ``held`` and ``forward_held`` bytes (by default, the problem's)."""
     held = problem.held if held is None else held
     forward_held = problem.forward_held if forward_held is None else forward_held
@@ -153,15 +152,9 @@ def _stages(problem: Problem, base: np.ndarray, forward_base: np.ndarray,
     """Backward then forward stage bytes: a stage's base, what the regions whose saved
     values it holds hold (at a backward stage, by the region releasing them), and the
     region's own (forward) and recomputed (backward) values."""
-    def as_int(a):
-        return np.array([int(b) for b in a], dtype=object)
-
-    def over(window, by):
-        return np.array([sum(by[window[i]], 0) for i in range(len(by))], dtype=object)
-
-    backward, forward = windows(problem)
-    return np.concatenate([as_int(base) + over(backward, released) + trans,
-                           as_int(forward_base) + over(forward, held) + own])
+    backward, forward = (w.astype(np.int64) for w in windows(problem))
+    return np.concatenate([np.asarray(base, np.int64) + backward @ released + trans,
+                           np.asarray(forward_base, np.int64) + forward @ held + own])
 
 
 def evaluate(problem: Problem, save: np.ndarray, recompute: np.ndarray,
@@ -256,21 +249,14 @@ def prune(problem: Problem, save: np.ndarray, recompute: np.ndarray,
     s = save.astype(bool).copy()
     o = _offload_mask(problem, offload) & ~s
     r = recompute.astype(bool) & ~s & ~o
-    same_region_readers: dict[int, list[int]] = {}
-    readers: dict[int, list[int]] = {}
-    region = problem.region.tolist()  # Python ints: indexing numpy scalars is slow
-    for u, v in problem.edges.tolist():
-        readers.setdefault(u, []).append(v)
-        if region[u] == region[v]:
-            same_region_readers.setdefault(u, []).append(v)
+    adjacency = problem.adjacency
+    kept = r.tolist()  # Python bools: indexing numpy scalars is slow
     # Readers come after their inputs (values are in program order): sweep backwards.
-    for v in range(problem.num_values - 1, -1, -1):
-        if r[v] and not problem.must_cover[v]:
-            r[v] = any(r[w] for w in same_region_readers.get(v, ()))
-    for v in np.flatnonzero(s):
-        if not (problem.must_cover[v] or problem.must_save[v]):
-            s[v] = any(r[w] for w in readers.get(int(v), ()))
-    for v in np.flatnonzero(o):
-        if not problem.must_cover[v]:
-            o[v] = any(r[w] for w in same_region_readers.get(int(v), ()))
+    for v in np.flatnonzero(r & ~problem.must_cover)[::-1].tolist():
+        kept[v] = any(kept[w] for w in adjacency.local_readers[v])
+    r = np.array(kept, dtype=bool)
+    for v in np.flatnonzero(s & ~problem.must_cover & ~problem.must_save).tolist():
+        s[v] = any(kept[w] for w in adjacency.readers[v])
+    for v in np.flatnonzero(o & ~problem.must_cover).tolist():
+        o[v] = any(kept[w] for w in adjacency.local_readers[v])
     return s, r, o
