@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import autoremat_ilp as ilp
 import numpy as np
-from autoremat_ilp.greedy import Relaxation, relax
+from autoremat_ilp.greedy import Start, greedy_start, relax
 
 from autoremat import _solve
 from autoremat._budget import Budget, format_bytes, parse_budget
@@ -95,9 +95,11 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
 
     Placements settled without a search come first (saving everything fits, or the budget
     is below what every plan holds); the others are solved in turn, the least LP bound
-    first (:func:`autoremat_ilp.greedy.relax`), each with its share of the time limit
-    (``clock``), for the budget less its margin, among the plans cheaper by more than
-    :data:`OPTIMALITY_GAP` than the cheapest found before. The plan that costs least
+    first (:func:`autoremat_ilp.greedy.relax`), for the budget less its margin, among the
+    plans cheaper by more than :data:`OPTIMALITY_GAP` than the cheapest found before (none
+    once a placement's bound rules that out), each with what is left of the time limit
+    (``clock``) less the least share of each later placement that its start's cost does
+    not rule out (:func:`_rivals`). The plan that costs least
     (recompute, a nested group's forward run again included, and offload, in the solver's
     units; then the lower peak, then the one found first) is returned. It is ``"optimal"``
     only when every placement was solved to optimality or ruled out; otherwise its gap is
@@ -129,12 +131,18 @@ def search(candidates: Sequence[Candidate], budget: Budget, options: PlanOptions
 
     outcomes, unsettled = _settle(settled, len(problems))
     relaxed = {k: relax(problems[k][1], budget_bytes - margin[k]) for k in unsettled}
-    order = sorted(unsettled, key=lambda k: relaxed[k].bound + replay[k])
+    least = {k: relaxed[k].bound + replay[k] for k in unsettled}
+    order = sorted(unsettled, key=least.__getitem__)
     for i, k in enumerate(order):
-        outcomes.append(_solve_placement(*problems[k], relaxed[k], budget_bytes, no_remat_peak,
+        cheapest = min((o.cost for o in outcomes), default=math.inf)
+        if least[k] > cheapest * (1 - OPTIMALITY_GAP):
+            break  # and so are the placements after it, of larger bounds
+        start = greedy_start(problems[k][1], budget_bytes - margin[k], relaxed[k])
+        rivals = _rivals([least[j] for j in order[i + 1:]], cheapest,
+                         start.cost(problems[k][1]) + replay[k])
+        outcomes.append(_solve_placement(*problems[k], start, budget_bytes, no_remat_peak,
                                          margin[k], replay[k], options,
-                                         clock.limits(len(order) - i, ranked=True),
-                                         min((o.cost for o in outcomes), default=math.inf)))
+                                         clock.limits(1 + rivals, ranked=True), cheapest))
         if outcomes[-1].plan is not None and outcomes[-1].cost == 0:
             break
     try:
@@ -201,18 +209,25 @@ def _settled(problem: ilp.Problem, nothing_peak: int, nothing: Callable[[], Plan
     return None
 
 
-def _solve_placement(graph: Graph, problem: ilp.Problem, relaxation: Relaxation,
-                     budget_bytes: int, no_remat_peak: int, margin: int, replay: float,
-                     options: PlanOptions, limits: SolveLimits, cheapest: float) -> _Outcome:
+def _rivals(bounds: Sequence[float], cheapest: float, start_cost: float) -> int:
+    """How many of the placements after one whose search starts from a plan of cost
+    ``start_cost`` may still hold a plan cheaper by more than :data:`OPTIMALITY_GAP` than
+    what it returns (at most that cost, or ``cheapest``, found before), going by their
+    lower ``bounds``: the others will be cut off, and need no share of the time limit."""
+    return sum(b <= min(cheapest, start_cost) * (1 - OPTIMALITY_GAP) for b in bounds)
+
+
+def _solve_placement(graph: Graph, problem: ilp.Problem, start: Start, budget_bytes: int,
+                     no_remat_peak: int, margin: int, replay: float, options: PlanOptions,
+                     limits: SolveLimits, cheapest: float) -> _Outcome:
     """The :class:`_Outcome` of one placement (``graph``, whose forward replays cost
-    ``replay``) within ``budget_bytes - margin``, its LP relaxation ``relaxation``, among
+    ``replay``) within ``budget_bytes - margin``, its search started from ``start``, among
     the plans cheaper by more than :data:`OPTIMALITY_GAP` than ``cheapest``, the cheapest
     plan of the placements solved before."""
     cutoff = None if math.isinf(cheapest) else cheapest * (1 - OPTIMALITY_GAP) - replay
     result = checked(ilp.solve(problem, budget_bytes - margin, **limits,
                                relative_gap=OPTIMALITY_GAP, backends=options.backends,
-                               progress=options.progress, cutoff=cutoff,
-                               relaxation=relaxation))
+                               progress=options.progress, cutoff=cutoff, start=start))
     if result.status is ilp.Status.CUT_OFF:
         return _Outcome(bound=cheapest, solve_seconds=result.wall_s)
     if result.status is ilp.Status.INFEASIBLE:

@@ -45,6 +45,10 @@ class Start(NamedTuple):
     plan: Plan | None
     bound: float
 
+    def cost(self, problem: Problem) -> float:
+        """The plan's cost (``inf`` where there is none)."""
+        return math.inf if self.plan is None else evaluate(problem, *self.plan)[0]
+
 
 def relax(problem: Problem, budget: int) -> Relaxation:
     """The :class:`Relaxation` of ``problem`` within ``budget``, its lazy stage bounds left

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from autoremat_ilp.greedy import Relaxation, fitted, greedy_start, relax
+from autoremat_ilp.greedy import Start, fitted, greedy_start, relax
 from autoremat_ilp.memory import evaluate, prune, reserved_peaks
 from autoremat_ilp.milp import MilpResult, Progress, solve_milp
 from autoremat_ilp.model import Model, build_model, cost_unit
@@ -24,19 +24,19 @@ __all__ = ["solve", "solve_min_peak"]
 def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
           node_limit: int | None = None, relative_gap: float = 1e-4,
           backends: tuple[str, ...] = ("HIGHS", "SCIP"), progress: Progress | None = None,
-          cutoff: float | None = None, relaxation: Relaxation | None = None) -> Solution:
+          cutoff: float | None = None, start: Start | None = None) -> Solution:
     """The least-cost plan whose peak is at most ``budget`` bytes.
 
     The backends are tried in turn, sharing ``time_limit_s``, until one proves its plan
     optimal (within ``relative_gap``) or infeasibility; otherwise the cheapest plan found
     is returned with status ``FEASIBLE``. Each search starts from the plan of
-    :func:`~autoremat_ilp.greedy.greedy_start` where it finds one, which is returned where
-    the backends find none of their own; where the LP relaxation's bound is above
-    ``cutoff``, neither it nor any backend runs. An ``INFEASIBLE`` result's ``peak`` is the
-    smallest peak any plan reaches (the budget to ask for instead). (Measured on
-    GPT-2-small: each of HiGHS and SCIP sometimes stalls on a budget the other solves in
-    seconds.) When no backend found a plan but the budget is at least the smallest
-    feasible peak, the min-peak plan is returned as a last resort.
+    :func:`~autoremat_ilp.greedy.greedy_start` (or ``start``) where it finds one, which is
+    returned where the backends find none of their own; where the LP relaxation's bound is
+    above ``cutoff``, no backend runs (nor the rounding of ``greedy_start``). An
+    ``INFEASIBLE`` result's ``peak`` is the smallest peak any plan reaches (the budget to
+    ask for instead). (Measured on GPT-2-small: each of HiGHS and SCIP sometimes stalls on
+    a budget the other solves in seconds.) When no backend found a plan but the budget is
+    at least the smallest feasible peak, the min-peak plan is returned as a last resort.
 
     Args:
       problem: the problem.
@@ -54,9 +54,8 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
         found already elsewhere); where none fits the budget, the status is ``CUT_OFF``
         (whether any plan fits is then not known), and no search for a plan of the least
         peak is made when none is found.
-      relaxation: ``relax(problem, budget)`` (:func:`~autoremat_ilp.greedy.relax`) where
-        the caller has it already (it ordered problems by its bound, say); made here when
-        ``None``.
+      start: ``greedy_start(problem, budget)`` where the caller has it already (it ordered
+        problems by its bound, say); made here when ``None``.
 
     Returns:
       A :class:`~autoremat_ilp.problem.Solution`, pruned
@@ -65,7 +64,7 @@ def solve(problem: Problem, budget: int, *, time_limit_s: float = 60.0,
     began = time.perf_counter()
     report = None if progress is None else _running_best(progress, began, cost_unit(problem))
     result = _portfolio(problem, budget, time_limit_s, node_limit, relative_gap, backends,
-                        report, cutoff, relaxation)
+                        report, cutoff, start)
     if progress is not None and result.save is not None:
         progress(time.perf_counter() - began, result.cost, min(result.bound, result.cost))
     return result
@@ -141,16 +140,18 @@ def _running_best(progress: Progress, start: float, unit: float) -> Progress:
 
 def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: int | None,
                relative_gap: float, backends: tuple[str, ...], progress: Progress | None,
-               cutoff: float | None, relaxation: Relaxation | None) -> Solution:
-    """The result of the backends tried in turn, started from the greedy plan rounded from
-    ``relaxation`` (made here where ``None``); ``timed_out`` where the time limit stopped
-    any solve it was chosen among."""
+               cutoff: float | None, given: Start | None) -> Solution:
+    """The result of the backends tried in turn, started from ``given`` (made here where
+    ``None``); ``timed_out`` where the time limit stopped any solve it was chosen among."""
     start = time.perf_counter()
-    relaxation = relax(problem, budget) if relaxation is None else relaxation
-    if cutoff is not None and relaxation.bound > cutoff:
-        return Solution(Status.CUT_OFF, None, None, math.inf, -1, relaxation.bound, math.inf,
-                        time.perf_counter() - start)
-    first, bound = greedy_start(problem, budget, relaxation)
+    if given is None:
+        relaxed = relax(problem, budget)
+        if cutoff is not None and relaxed.bound > cutoff:
+            return _cut_off(relaxed.bound, start)
+        given = greedy_start(problem, budget, relaxed)
+    first, bound = given
+    if cutoff is not None and bound > cutoff:
+        return _cut_off(bound, start)
     first_cost, first_peak = (math.inf, 0) if first is None else evaluate(problem, *first)
     if cutoff is not None and first_cost > cutoff:
         first = None
@@ -192,6 +193,13 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
     gap = (best.cost - max(bound, 0.0)) / best.cost if best.cost > 0 else 0.0
     return dataclasses.replace(best, status=Status.FEASIBLE, bound=bound, gap=max(gap, 0.0),
                                wall_s=time.perf_counter() - start, timed_out=timed_out)
+
+
+def _cut_off(bound: float, start: float) -> Solution:
+    """The outcome of a search whose LP bound ``bound`` is above its cutoff, begun at
+    ``start`` (a :func:`time.perf_counter` reading)."""
+    return Solution(Status.CUT_OFF, None, None, math.inf, -1, bound, math.inf,
+                    time.perf_counter() - start)
 
 
 def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
