@@ -42,7 +42,8 @@ EXTERNAL = {
                       "corpus-no-verify-default-compile/**/*.png",
                       "corpus-no-verify-default-compile/**/*.json", "on-chip-tpu-v5e/*.md",
                       "on-chip-tpu-v5e/zoo-floor/*", "planning-time-before/*",
-                      "planning-time-backends/*", "zoo-no-verify-tpu/*"),
+                      "planning-time-backends/*", "zoo-no-verify-tpu/*",
+                      "grad-buffer-evidence/*"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
 }
