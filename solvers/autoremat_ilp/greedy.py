@@ -84,9 +84,10 @@ def covering_plan(problem: Problem, saved: np.ndarray) -> Plan | None:
     inputs, region = problem.adjacency.inputs, problem.region.tolist()
     can_save, can_recompute = problem.can_save.tolist(), problem.can_recompute.tolist()
     wanted = saved.tolist()
-    save = ((saved | problem.must_save) & problem.can_save).tolist()
-    recompute = ((problem.must_cover | problem.must_save) & problem.can_recompute).tolist()
-    recompute = [r and not s for r, s in zip(recompute, save, strict=True)]
+    saving = (saved | problem.must_save) & problem.can_save
+    recompute = ((problem.must_cover | problem.must_save) & problem.can_recompute
+                 & ~saving).tolist()
+    save = saving.tolist()
     # Inputs come before their readers: a value marked late is visited still.
     for v in range(problem.num_values - 1, -1, -1):
         if not recompute[v]:

@@ -149,9 +149,9 @@ def _portfolio(problem: Problem, budget: int, time_limit_s: float, node_limit: i
         if cutoff is not None and relaxed.bound > cutoff:
             return _cut_off(relaxed.bound, start)
         given = greedy_start(problem, budget, relaxed)
+    elif cutoff is not None and given.bound > cutoff:
+        return _cut_off(given.bound, start)
     first, bound = given
-    if cutoff is not None and bound > cutoff:
-        return _cut_off(bound, start)
     first_cost, first_peak = (math.inf, 0) if first is None else evaluate(problem, *first)
     if cutoff is not None and first_cost > cutoff:
         first = None
