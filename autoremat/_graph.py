@@ -47,6 +47,10 @@ class Value:
       fused: XLA fuses it into its consumers, so that, recomputed, it takes no memory of
         its own (elementwise and data-movement ops, and calls of only such ops:
         :func:`autoremat._cost.fuses`).
+      relayout: the TPU compiler makes it as a copy in a new layout
+        (:func:`autoremat._trace._relayouts.relayouts`): in code run as written it keeps
+        the copy for the backward pass, not the values the copy's elementwise chain
+        starts from (see :func:`autoremat._solve.fused_as_written`).
       released: the region at whose backward stage, saved, it is freed: its own, or, when
         nothing in its segment reads it (its backward pass included: a block's output),
         the first later region reading it, whose backward is the last to need it
@@ -72,6 +76,7 @@ class Value:
     replays_barrier: bool = False
     replayed: bool = False
     fused: bool = False
+    relayout: bool = False
     released: int = -1
 
 

@@ -250,7 +250,8 @@ def _fused_chains(graph: Graph, problem: ilp.Problem
     ``starts`` (the values its elementwise chain reads that are not fused so) through
     ``chain`` (the fused values between, itself included). Fused so: an elementwise or
     data-movement value of a segment or of a scan unrolled whole
-    (:attr:`autoremat._graph.Region.unrolled`) that may be recomputed, that no other scan
+    (:attr:`autoremat._graph.Region.unrolled`), not a copy to a new layout
+    (:attr:`autoremat._graph.Value.relayout`), that may be recomputed, that no other scan
     and no convolution reads (:func:`autoremat._cost.reads_operands_whole`), that does not
     replay its segment's input barrier (:attr:`autoremat._graph.Value.replays_barrier`),
     and whose chain starts at saveable values; so :func:`as_written_masks` is a plan of
@@ -269,7 +270,7 @@ def _fused_chains(graph: Graph, problem: ilp.Problem
         fused_in = [j for j in inputs if through[j] and graph.values[j].region == v.region]
         starts.append(frozenset().union(*(starts[j] if j in fused_in else {j} for j in inputs)))
         chain.append(frozenset({k}).union(*(chain[j] for j in fused_in)))
-        through[k] = (v.fused and segment[v.region] and k not in read_whole
+        through[k] = (v.fused and not v.relayout and segment[v.region] and k not in read_whole
                       and not v.replays_barrier
                       and bool(problem.can_recompute[k])
                       and all(problem.can_save[j] for j in starts[k]))

@@ -233,3 +233,28 @@ def test_unshared_counts_every_saved_value_beside_all_the_reserved_buffers():
     assert ilp.stage_bytes(_solve.unshared(problem), save, ~save).tolist()[:2] == [170, 180]
     plain = two_regions(None)
     assert _solve.unshared(plain) is plain
+
+
+def _group_norm_convs(ws, x):
+    """Channels-first convolutions with Equinox's group norm: the channels split."""
+    for w in ws:
+        y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME").astype(jnp.float32)
+        g = y.reshape(y.shape[0], 4, -1, *y.shape[2:])
+        g = (g - g.mean((2, 3, 4), keepdims=True)) * jax.lax.rsqrt(
+        g.var((2, 3, 4), keepdims=True) + 1e-5)
+        x = jax.nn.relu(g.reshape(y.shape)).astype(x.dtype)
+    return jnp.mean(x.astype(jnp.float32) ** 2)
+
+
+def test_as_written_keeps_the_copy_to_a_new_layout():
+    """The reshape that splits a convolution output's channels is a copy the compiler
+    keeps for the backward pass (an Equinox CNN's group norms, TPU v5e), not a value its
+    chain recomputes from the convolution."""
+    ws = [jax.ShapeDtypeStruct((16, 16, 3, 3), jnp.bfloat16) for _ in range(3)]
+    graph = _graph(_group_norm_convs, (ws, jax.ShapeDtypeStruct((2, 16, 8, 8), jnp.bfloat16)))
+    problem = _solve.problem_of(graph)
+    save, _ = _solve.as_written_masks(graph, problem)
+    relayout = graph.array("relayout", bool)
+    assert relayout.sum() == len(ws)
+    assert save[relayout].all()
+    assert {graph.values[k].dtype for k in np.flatnonzero(relayout)} == {"float32"}

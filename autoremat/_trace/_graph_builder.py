@@ -87,7 +87,7 @@ class _Placed:
             flops=f.flops, region=self.region, inputs=f.inputs, saveable=self.saveable,
             recomputable=f.recomputable, needed=self.needed, needed_across=self.needed_across,
             user_name=f.user_name, replays_barrier=self.replays_barrier,
-            replayed=self.replayed, fused=f.fused,
+            replayed=self.replayed, fused=f.fused, relayout=f.relayout,
             released=self.region if self.released is None else self.released)
 
 

@@ -32,13 +32,16 @@ class ValueFacts:
     user_name: str | None = None
     constants: tuple[int, ...] = ()
     fused: bool = False
+    relayout: bool = False
 
 
-def value_facts(program: Program, free: frozenset[int]
+def value_facts(program: Program, free: frozenset[int],
+                relayouts: frozenset[int] = frozenset()
                 ) -> tuple[dict[int, ValueFacts], dict[Eqn, tuple[int, ...]]]:
     """Each value's :class:`ValueFacts` by id, and the ids each top-level equation makes
-    (those of a scan's body and of a ``shard_map``'s included), in program order."""
-    table = _ValueTable(program, free)
+    (those of a scan's body and of a ``shard_map``'s included), in program order;
+    ``relayouts``: the values :attr:`ValueFacts.relayout` marks."""
+    table = _ValueTable(program, free, relayouts)
     made: dict[Eqn, tuple[int, ...]] = {}
     for e in program.eqns:
         first = len(table.order)
@@ -53,15 +56,18 @@ def value_facts(program: Program, free: frozenset[int]
 class _ValueTable:
     """The :class:`ValueFacts` of a program's values, added equation by equation."""
 
-    def __init__(self, program: Program, free: frozenset[int]) -> None:
+    def __init__(self, program: Program, free: frozenset[int],
+                 relayouts: frozenset[int]) -> None:
         self.program = program
         self.free = free  # arguments and constants: left out of inputs
+        self.relayouts = relayouts
         self.values: dict[int, ValueFacts] = {}
         self.order: list[int] = []  # ids in the order added
 
     def add(self, vid: int, mult: int, primitive: str, source: str, flops: int,
             inputs: Sequence[Atom], *, saveable: bool, recomputable: bool,
-            user_name: str | None = None, fused: bool | None = None) -> None:
+            user_name: str | None = None, fused: bool | None = None,
+            relayout: bool = False) -> None:
         """Adds value ``vid``; ``fused``: whether XLA fuses it into its consumers (by
         default, whether ``primitive`` is :func:`autoremat._cost.fusible`)."""
         aval = self.program.avals[vid]
@@ -73,7 +79,7 @@ class _ValueTable:
             inputs=tuple(dict.fromkeys(a for a in inputs
                                        if isinstance(a, int) and a not in self.free)),
             saveable=saveable, recomputable=recomputable, user_name=user_name,
-            fused=fusible(primitive) if fused is None else fused,
+            fused=fusible(primitive) if fused is None else fused, relayout=relayout,
             constants=tuple(dict.fromkeys(a for a in inputs
                                           if isinstance(a, int) and a in self.program.consts)))
 
@@ -95,7 +101,8 @@ class _ValueTable:
             for o in e.outs:
                 self.add(o, mult, e.primitive.name, source, flops // max(1, len(e.outs)), ins,
                          saveable=True, recomputable=e.scan_body is None,
-                         user_name=user_name, fused=fuses(e.primitive.name, e.params))
+                         user_name=user_name, fused=fuses(e.primitive.name, e.params),
+                         relayout=o in self.relayouts)
 
     def add_shard_map(self, e: Eqn, ins: Sequence[Atom], mult: int,
                       alias: Mapping[int, Atom]) -> None:
