@@ -43,7 +43,8 @@ EXTERNAL = {
                       "corpus-no-verify-default-compile/**/*.json", "on-chip-tpu-v5e/*.md",
                       "on-chip-tpu-v5e/zoo-floor/*", "planning-time-before/*",
                       "planning-time-backends/*", "zoo-no-verify-tpu/*",
-                      "grad-buffer-evidence/*"),
+                      "grad-buffer-evidence/*", "memory-space-evidence/*",
+                      "no-remat-default-compile/*"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
 }
