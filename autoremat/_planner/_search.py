@@ -275,7 +275,8 @@ def as_written_near_no_remat(plan: Plan, written: Callable[[], Plan] | None) -> 
 
     Such a plan saves all that the compiler keeps for the function as written, and its
     checkpoints stop the fusion the compiler does there, while its modelled saving is
-    within the model's error on the function as written (``bench/results/no-remat-default-compile/no-remat.md``).
+    within the model's error on the function as written
+    (``bench/results/no-remat-default-compile/no-remat.md``).
     Compiled for TPU v5e, such plans came out above no remat where the function as
     written fits the budget (``bench/results/near-no-remat.md``). So without ``verify``
     the function as written is the safer plan, though the model's figure for it (its
