@@ -91,7 +91,7 @@ def test_structure_names_what_a_placement_restructures():
 
 
 def test_analytic_sweep_of_a_tiny_model_predicts_the_programs_flops():
-    sweep = _benchmark.sweep(zoo.get("gpt2-small-tiny"), target=None, num_budgets=3,
+    sweep = _benchmark.sweep(zoo.get("gpt2-small-scan-tiny"), target=None, num_budgets=3,
                              options=autoremat.PlanOptions(time_limit_s=60))
     names = [r.name for r in sweep.rows if r.kind == "builtin"]
     assert names == list(_benchmark.BUILTIN_POLICIES)

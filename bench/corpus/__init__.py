@@ -1,10 +1,11 @@
 """A corpus of third-party models, each written with its own library and checkpointed with
-that library's own remat: Flax Linen, Flax NNX, Equinox, Keras 3 (JAX backend) and penzai.
+that library's own remat: Flax Linen, Flax NNX, Equinox, Keras 3 (JAX backend), penzai and
+Haiku.
 
 Every model is an :class:`autoremat.zoo.ZooModel` in :data:`CORPUS`; the ``-tiny`` variants
 are float32 and small, for tests. ``make_loss(layer_policy)`` wraps every block in the
 library's remat (``nn.remat``, ``nnx.remat``, ``eqx.filter_checkpoint``, penzai's
-``Checkpointed``, Keras's ``RematScope``) under that ``jax.checkpoint`` policy;
+``Checkpointed``, Keras's ``RematScope``, ``hk.remat``) under that ``jax.checkpoint`` policy;
 ``make_loss(jax.checkpoint_policies.nothing_saveable)`` is the hand baseline.
 
 >>> from bench import corpus
@@ -31,6 +32,7 @@ FAMILIES = {
     "keras_transformer": "keras",
     "keras_cnn": "keras",
     "penzai_llama": "penzai",
+    "haiku_resnet": "haiku",
 }
 
 CORPUS: dict[str, ZooModel] = {}

@@ -50,7 +50,7 @@ def floor(model):
 
 def test_the_corpus_has_every_library():
     libraries = {name.split("-")[0] for name in TINY}
-    assert {"linen", "nnx", "eqx", "keras", "penzai"} <= libraries, corpus.MISSING
+    assert {"linen", "nnx", "eqx", "keras", "penzai", "haiku"} <= libraries, corpus.MISSING
 
 
 def test_floor_is_at_or_below_no_remat_and_one_remat_per_layer(model, floor):
@@ -63,7 +63,11 @@ def test_floor_is_at_or_below_no_remat_and_one_remat_per_layer(model, floor):
         ids = p.graph.array("id")
         assert ilp.violations(_solve.problem_of(p.graph), np.isin(ids, list(p.saved)),
                               np.isin(ids, list(p.recomputed))) == []
-    assert floor.peak_bytes <= min(p.peak_bytes for p in (no_remat, *per_layer))
+    lowest = min(p.peak_bytes for p in (no_remat, *per_layer))
+    # The function as written stands first where the model cannot tell it from the rest
+    # (autoremat._planner._floor.floor_plans); every other floor is at or below them all.
+    assert floor.peak_bytes <= lowest or (
+        floor.no_remat and within_model_error(lowest, floor.peak_bytes, floor.graph.fixed_bytes))
 
 
 def test_without_verify_the_floor_is_one_remat_per_layer_where_the_model_cannot_tell():
