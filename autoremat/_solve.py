@@ -252,12 +252,10 @@ def _fused_chains(graph: Graph, problem: ilp.Problem
     data-movement value of a segment or of a scan unrolled whole
     (:attr:`autoremat._graph.Region.unrolled`), not a copy to a new layout
     (:attr:`autoremat._graph.Value.relayout`), that may be recomputed, that no other scan
-    and no convolution reads (:func:`autoremat._cost.reads_operands_whole`), and whose
-    chain starts at saveable values. A value that replays its segment's input barrier
-    (:attr:`autoremat._graph.Value.replays_barrier`: a norm reading its scale) starts
-    from the values that pass the barrier too, as recomputing it in a checkpoint would
-    keep them; so :func:`as_written_masks` is a plan of the graph, and no least-peak plan
-    is above it."""
+    and no convolution reads (:func:`autoremat._cost.reads_operands_whole`), that does not
+    replay its segment's input barrier (:attr:`autoremat._graph.Value.replays_barrier`),
+    and whose chain starts at saveable values; so :func:`as_written_masks` is a plan of
+    the graph, and no least-peak plan is above it."""
     index = {v.id: k for k, v in enumerate(graph.values)}
     segment = [r.kind == "segment" or r.unrolled for r in graph.regions]
     read_whole = {index[u] for v in graph.values
@@ -267,13 +265,13 @@ def _fused_chains(graph: Graph, problem: ilp.Problem
     starts: list[frozenset[int]] = []
     chain: list[frozenset[int]] = []
     for k, v in enumerate(graph.values):
-        barrier = graph.regions[v.region].barrier_inputs if v.replays_barrier else ()
-        inputs = [index[u] for u in (*v.inputs, *barrier)]
+        inputs = [index[u] for u in v.inputs]
         # A chain stops at the region's inputs: what another region reads is kept.
         fused_in = [j for j in inputs if through[j] and graph.values[j].region == v.region]
         starts.append(frozenset().union(*(starts[j] if j in fused_in else {j} for j in inputs)))
         chain.append(frozenset({k}).union(*(chain[j] for j in fused_in)))
         through[k] = (v.fused and not v.relayout and segment[v.region] and k not in read_whole
+                      and not v.replays_barrier
                       and bool(problem.can_recompute[k])
                       and all(problem.can_save[j] for j in starts[k]))
     return through, starts, chain

@@ -104,9 +104,9 @@ def test_a_policy_file_of_the_floor_as_written_loads_with_its_peak(tmp_path):
 
 @pytest.fixture(scope="module")
 def near_no_remat():
-    """The small CNN planned without verify at 95% of its modelled no-remat activation
+    """transformer_block planned without verify at 95% of its modelled no-remat activation
     memory: the plan the search finds there, and what ``plan`` returns."""
-    fn, args = MODELS["cnn"]()
+    fn, args = MODELS["transformer_block"]()
     top = autoremat.plan(fn, *args, budget=1.0, verify=None)
     fixed = top.graph.fixed_bytes
     budget = fixed + int(0.95 * (top.no_remat_peak_bytes - fixed))

@@ -52,7 +52,7 @@ def _scanned_tables(ws, x):
 def _args():
     keys = jax.random.split(jax.random.key(0), 2)
     return (jax.random.normal(keys[0], (4, _ANGLES.size, _ANGLES.size)) / 6,
-            jax.random.normal(keys[1], (64, _ANGLES.size)))  # the floor recomputes
+            jax.random.normal(keys[1], (16, _ANGLES.size)))
 
 
 def _kept(fn, args) -> list[tuple[int, str]]:

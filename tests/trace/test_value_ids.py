@@ -16,7 +16,7 @@ _SEED = np.arange(2, dtype=np.uint32)  # a constant only the first trace reads
 
 
 def _first_trace_differs():
-    """A 6-block tanh MLP whose first trace also does dead work on a constant, as
+    """A 6-layer tanh MLP whose first trace also does dead work on a constant, as
     Keras's first call does."""
     traces = []
 
@@ -26,7 +26,7 @@ def _first_trace_differs():
                 jnp.asarray(_SEED) * 2  # dead: no output reads it
         traces.append(1)
         for w in ws:
-            x = jnp.tanh(jnp.tanh(x @ w) @ w)  # two dots: a checkpoint keeps one input
+            x = jnp.tanh(x @ w)
         return jnp.sum(x ** 2)
 
     keys = jax.random.split(jax.random.key(0), 2)
@@ -49,7 +49,7 @@ def test_dead_equations_and_unread_constants_leave_the_ids_alone():
 
 def test_a_plan_made_on_the_first_trace_saves_what_it_says_on_later_ones():
     loss, args = _first_trace_differs()
-    plan = autoremat.plan(loss, *args, budget=0.8, verify=None)  # the function's first trace
+    plan = autoremat.plan(loss, *args, budget=0.5, verify=None)  # the function's first trace
     assert plan.recomputed and plan.saved
     kept = sum(int(np.prod(a.shape)) * a.dtype.itemsize
                for a, src in saved_residuals(plan.apply(loss), *args)
