@@ -241,7 +241,7 @@ def _group_norm_convs(ws, x):
         y = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME").astype(jnp.float32)
         g = y.reshape(y.shape[0], 4, -1, *y.shape[2:])
         g = (g - g.mean((2, 3, 4), keepdims=True)) * jax.lax.rsqrt(
-        g.var((2, 3, 4), keepdims=True) + 1e-5)
+            g.var((2, 3, 4), keepdims=True) + 1e-5)
         x = jax.nn.relu(g.reshape(y.shape)).astype(x.dtype)
     return jnp.mean(x.astype(jnp.float32) ** 2)
 

@@ -12,7 +12,6 @@ from autoremat import _program
 from autoremat._program import Eqn, Program
 from autoremat._trace._common import abstract
 from autoremat._trace._memory import cotangent_holders, differentiable
-from autoremat._trace._relayouts import relayouts
 from autoremat._trace._residuals import JaxAnswers, saved_bytes_as_written, step_flops
 from autoremat._trace._signature import SignatureTexts
 from autoremat._trace._values import ValueFacts, value_facts
@@ -29,8 +28,6 @@ class ProgramFacts:
       made: the ids each top-level equation makes (those of a scan's body and of a
         ``shard_map``'s included).
       free: the ids of the arguments and constants.
-      relayouts: the values the compiler makes as copies of their own
-        (:func:`autoremat._trace._relayouts.relayouts`).
       differentiable: the values that carry a cotangent
         (:func:`autoremat._trace._memory.differentiable`).
       holders: bytes the cotangent of each concatenated value holds
@@ -52,7 +49,6 @@ class ProgramFacts:
     values: Mapping[int, ValueFacts]
     made: Mapping[Eqn, tuple[int, ...]]
     free: frozenset[int]
-    relayouts: frozenset[int]
     differentiable: frozenset[int]
     holders: Mapping[int, int]
     fingerprint: str
@@ -80,12 +76,11 @@ def program_facts(program: Program, split_from: Program | None = None,
     ``split_from`` (None: not split), traced from ``written`` (see
     :attr:`ProgramFacts.written`), with empty caches."""
     free = frozenset(program.args) | frozenset(program.consts)
-    copies = relayouts(program)
-    values, made = value_facts(program, free, copies)
+    values, made = value_facts(program, free)
     split_flops = 0 if split_from is None else max(
         0, _program_step_flops(program) - _program_step_flops(split_from))
     return ProgramFacts(
-        program=program, values=values, made=made, free=free, relayouts=copies,
+        program=program, values=values, made=made, free=free,
         differentiable=frozenset(differentiable(program)),
         holders=cotangent_holders(program.eqns, program.value_bytes),
         fingerprint=_program.fingerprint_of(program), split_flops=split_flops,

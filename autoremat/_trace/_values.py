@@ -9,6 +9,7 @@ from autoremat import _program
 from autoremat._cost import eqn_flops, fuses, fusible
 from autoremat._program import Atom, Eqn, Program
 from autoremat._trace._common import source_of
+from autoremat._trace._relayouts import relayouts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,13 +36,11 @@ class ValueFacts:
     relayout: bool = False
 
 
-def value_facts(program: Program, free: frozenset[int],
-                relayouts: frozenset[int] = frozenset()
+def value_facts(program: Program, free: frozenset[int]
                 ) -> tuple[dict[int, ValueFacts], dict[Eqn, tuple[int, ...]]]:
     """Each value's :class:`ValueFacts` by id, and the ids each top-level equation makes
-    (those of a scan's body and of a ``shard_map``'s included), in program order;
-    ``relayouts``: the values :attr:`ValueFacts.relayout` marks."""
-    table = _ValueTable(program, free, relayouts)
+    (those of a scan's body and of a ``shard_map``'s included), in program order."""
+    table = _ValueTable(program, free)
     made: dict[Eqn, tuple[int, ...]] = {}
     for e in program.eqns:
         first = len(table.order)
@@ -56,11 +55,10 @@ def value_facts(program: Program, free: frozenset[int],
 class _ValueTable:
     """The :class:`ValueFacts` of a program's values, added equation by equation."""
 
-    def __init__(self, program: Program, free: frozenset[int],
-                 relayouts: frozenset[int]) -> None:
+    def __init__(self, program: Program, free: frozenset[int]) -> None:
         self.program = program
         self.free = free  # arguments and constants: left out of inputs
-        self.relayouts = relayouts
+        self.relayouts = relayouts(program)
         self.values: dict[int, ValueFacts] = {}
         self.order: list[int] = []  # ids in the order added
 
