@@ -170,7 +170,9 @@ def _layers(program: Program) -> tuple[list[int], int] | None:
     (:func:`crossing_bytes`), shifted by :func:`_narrowest_starts`, and the last ends as
     :func:`_last_layer_end` says; but
     where a block runs them several times (:func:`_rounds`), a layer is a call of it
-    (:func:`_calls`).
+    (:func:`_calls`), its bounds shifted by :func:`_narrowest_starts` too (over a residual
+    add that ends every call). The first layer then takes in the code that runs before
+    its first token in other layers too (:func:`_with_lead`).
     Scans, and the slices of their inputs made for them, are regions of their own, not
     tokens.
     """
@@ -195,10 +197,34 @@ def _layers(program: Program) -> tuple[list[int], int] | None:
             end = _last_layer_end(tokens, phase, after)
             rounds = _rounds(tokens, phase, end)
             if rounds > 1:
-                return _calls(list(family.values()), rounds, window)
-            starts = _narrowest_starts(tokens, crossing, phase)
+                starts, end = _calls(list(family.values()), rounds, window)
+                *starts, end = _narrowest_starts(tokens, crossing, [*starts, end])
+                return _with_lead(tokens, crossing, starts), end
+            starts = _with_lead(tokens, crossing, _narrowest_starts(tokens, crossing, phase))
             return starts, _last_layer_end(tokens, starts, after + starts[-1] - phase[-1])
     return None
+
+
+def _with_lead(tokens: list[_Token | None], crossing: np.ndarray, starts: list[int]
+               ) -> list[int]:
+    """The layers' ``starts``, the first moved back over its lead where no more bytes
+    cross it there: the longest run of code just before it that runs, in another layer,
+    between that layer's start and the code the first layer starts with. Haiku's ResNet
+    computes a projection shortcut at the head of the first block of each group, before
+    the convolutions that every block runs; where the first block started at those, the
+    projection's output crossed its start beside the block's input."""
+    first = starts[0]
+    lead = 0
+    for start, bound in zip(starts[1:], [*starts[2:], len(tokens)], strict=True):
+        same = next((i for i in range(start, bound) if tokens[i] == tokens[first]), start)
+        n = 0
+        while n < min(same - start, first) and tokens[first - n - 1] is not None \
+                and tokens[first - n - 1] == tokens[same - n - 1]:
+            n += 1
+        lead = max(lead, n)
+    if crossing[first - lead] <= crossing[first]:
+        first -= lead
+    return [first, *starts[1:]]
 
 
 def _narrowest_starts(tokens: list[_Token | None], crossing: np.ndarray, starts: list[int]
@@ -206,21 +232,27 @@ def _narrowest_starts(tokens: list[_Token | None], crossing: np.ndarray, starts:
     """The layers' ``starts`` shifted, all but the first by one amount, to where the fewest
     bytes cross the widest of them (:func:`crossing_bytes`; the nearest such shift),
     among the shifts that move the same code at each (back over code that ends every
-    layer, or on over code that starts every one); the first by that amount too where no
-    more bytes cross it there (the code before the first layer differs from a layer's
-    end). The layers' tokens (:func:`_layers`) can all lie inside a block: a
-    normalization that starts every block of penzai's Llama runs again before its MLP
-    and after the last block, so no token of it recurs once per layer, and the layers
-    found started inside the attention, where its input crosses beside the residual
-    stream. Unchanged with fewer than three layers."""
+    layer, or on over code that starts every one) by at most half the shortest layer,
+    and let no more bytes cross any of them; the first by that amount too where no more
+    bytes cross it there (the code before the first layer differs from a layer's end).
+    Where every layer runs the same code, a longer shift slides them all a layer on,
+    the first left out; in a downsampling stage the middle of a bottleneck block is
+    narrower than its input, yet no layer starts there.
+
+    The layers' tokens (:func:`_layers`) can all lie inside a block: a normalization that
+    starts every block of penzai's Llama runs again before its MLP and after the last
+    block, so no token of it recurs once per layer, and the layers found started inside
+    the attention, where its input crosses beside the residual stream. Unchanged with
+    fewer than three layers."""
     if len(starts) < 3:
         return starts
     first, inner = starts[0], starts[1:]
-    most = min(b - a for a, b in itertools.pairwise(starts)) - 1
+    most = min(b - a for a, b in itertools.pairwise(starts)) // 2
     back = _common_run(tokens, inner, step=-1, most=most)
     on = _common_run(tokens, inner, step=1, most=min(most, len(tokens) - inner[-1]))
-    d = min(range(-back, on + 1),
-            key=lambda d: (int(max(crossing[s + d] for s in inner)), abs(d), d))
+    narrower = [d for d in range(-back, on + 1)
+                if all(crossing[s + d] <= crossing[s] for s in inner)]
+    d = min(narrower, key=lambda d: (int(max(crossing[s + d] for s in inner)), abs(d), d))
     if first + d >= 0 and crossing[first + d] <= crossing[first]:
         first += d
     return [first, *(s + d for s in inner)]

@@ -233,19 +233,27 @@ def test_the_layers_of_penzai_llama_start_where_its_blocks_do():
     for a, b in itertools.pairwise(cuts[1:-1]):  # the layers after the first but the last
         assert crossing[a] == crossing[a:b].min()
 
+    hand_loss, _ = _penzai_llama(4, jax.checkpoint_policies.nothing_saveable)
+    layers, blocks = _activations_read(program, hand_loss, args, rank=3)
+    assert layers[2:-1] == blocks[1:] == [[(2, 8, 16)]] * 3
+
+
+def _activations_read(program, hand_loss, args, rank):
+    """The activations (arrays of rank ``rank`` not shaped as a weight) that each region
+    at the layer cuts of ``program`` reads, and that each ``jax.checkpoint`` (one per
+    block) of ``hand_loss`` reads."""
     weights = {x.shape for x in jax.tree.leaves(args[0])}
 
     def activations(shapes):
-        return sorted(s for s in shapes if len(s) == 3 and s not in weights)
+        return sorted(s for s in shapes if len(s) == rank and s not in weights)
 
-    regions = autoremat._program.split_regions(program, Placement(cuts))
+    regions = autoremat._program.split_regions(program, Placement(_trace.layer_cuts(program)))
     layers = [activations(program.avals[i].shape for i in r.inputs if i not in program.args)
-              for r in regions[2:-1]]
-    hand_loss, _ = _penzai_llama(4, jax.checkpoint_policies.nothing_saveable)
+              for r in regions]
     blocks = [activations(v.aval.shape for v in e.invars)
               for e in _eqns(jax.make_jaxpr(hand_loss)(*args).jaxpr)
               if e.primitive.name == "remat2"]  # jax.checkpoint
-    assert layers == blocks[1:] == [[(2, 8, 16)]] * 3
+    return layers, blocks
 
 
 def _eqns(jaxpr):
@@ -273,3 +281,33 @@ def test_one_remat_per_layer_passes_no_input_barrier():
         text = jax.make_jaxpr(p.apply(loss))(*args)
         assert "optimization_barrier" not in str(text)
         assert Placement.from_json(p.placement.to_json()) == p.placement
+
+
+def test_the_layers_of_haiku_resnet_are_its_blocks():
+    """Haiku's bottleneck block computes its projection shortcut before the convolutions
+    every block runs, and ends with a residual add and a ReLU: each layer found takes the
+    activations that ``hk.remat`` per block does, the first block's projection in it, and
+    no cut falls between a block's last batch norm and its residual add."""
+    from bench import corpus
+
+    m = corpus.get("haiku-resnet-tiny")
+    loss, args = m.make_loss(), m.init(jax.random.key(0))
+    program = _program(loss, args)
+    cuts = _trace.layer_cuts(program)
+    assert program.eqns[cuts[0]].primitive.name == "conv_general_dilated"  # the projection
+    hand = m.make_loss(jax.checkpoint_policies.nothing_saveable)
+    layers, blocks = _activations_read(program, hand, args, rank=4)
+    assert layers[1:-1] == blocks and len(blocks) == 4
+
+
+def test_the_first_layer_takes_in_the_code_other_layers_run_before_theirs():
+    """A projection shortcut (``p q``) runs at the head of the first layer of a stage, before
+    the code every layer runs (``a b``): the first layer starts at it, where it found its
+    start at ``a`` beside the projection's output."""
+    from autoremat._trace._boundaries import _with_lead
+
+    tokens = [(c, ()) for c in "xpqabrabrpqab"]
+    crossing = np.array([0, 1, 3, 3, 3, 2, 2, 2, 2, 2, 3, 3, 3, 1])
+    assert _with_lead(tokens, crossing, [3, 5, 8]) == [1, 5, 8]
+    crossing[1] = 4  # where more bytes would cross, the start stays
+    assert _with_lead(tokens, crossing, [3, 5, 8]) == [3, 5, 8]
