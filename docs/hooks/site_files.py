@@ -44,7 +44,8 @@ EXTERNAL = {
                       "on-chip-tpu-v5e/zoo-floor/*", "planning-time-before/*",
                       "planning-time-backends/*", "zoo-no-verify-tpu/*",
                       "grad-buffer-evidence/*", "memory-space-evidence/*",
-                      "no-remat-default-compile/*", "zoo-default-compile/*"),
+                      "no-remat-default-compile/*", "zoo-default-compile/*",
+                      "chip-hbm-room/*"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
 }
