@@ -66,7 +66,8 @@ class ClosedLoop:
       fallbacks: the plans compiled in turn below the model's floor when its floor plan
         does not fit, since the model's error differs between them (the floor plans of
         the placements near the least, then the plans a user tries by hand:
-        :func:`autoremat._planner._candidates.obvious_plans`; each compiled once, the
+        :func:`autoremat._planner._candidates.obvious_plans`, the function as written
+        last, the least likely to fit below the model's floor; each compiled once, the
         floor plan among them too): the contenders of :func:`verified_floor`, so that a
         budget at the verified floor fits whichever of them the floor plan is (under a
         time limit, a solve may differ from one call to the next).
@@ -239,7 +240,8 @@ class ClosedLoop:
 
     def _below_the_floor(self, floor: Plan) -> tuple[Plan, int]:
         """The first of the model's ``floor`` plan and the ``fallbacks`` that fits on the
-        compiler, and its peak.
+        compiler, and its peak; a plan compiled already (in a round, or as the floor plan)
+        is not compiled again.
 
         Raises:
           InfeasibleBudgetError: none fits; the lowest compiler peak seen is the floor.
@@ -250,11 +252,11 @@ class ClosedLoop:
             yield floor
             yield from self.fallbacks()
 
-        tried = set()
         for plan in plans():
-            if decisions(plan) in tried:  # the floor plan among the fallbacks
+            decided = decisions(plan)
+            if decided in self.compiled:  # a round's plan, or the floor plan, among them
                 continue
-            tried.add(decisions(plan))
+            self.compiled.add(decided)
             peak = self.compiled_peak(plan)
             if peak <= self.budget_bytes:
                 return plan, peak

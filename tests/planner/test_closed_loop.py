@@ -143,11 +143,11 @@ def test_plan_round_below_the_model_floor_then_compiles_the_fallbacks(base):
     assert loop.tries == 2 and loop.lowest_peak == BUDGET + 2  # the two that did not fit
     peaks[40] = BUDGET + 5
     with pytest.raises(autoremat.InfeasibleBudgetError) as info:
-        dataclasses.replace(loop, tries=0, lowest_peak=None).plan_round(BUDGET)
+        dataclasses.replace(loop, tries=0, lowest_peak=None, compiled=set()).plan_round(BUDGET)
     assert info.value.floor_bytes == BUDGET + 2
     peaks[50] = BUDGET
     made.clear()
-    assert dataclasses.replace(loop, tries=0).plan_round(BUDGET) == (floor, BUDGET)
+    assert dataclasses.replace(loop, tries=0, compiled=set()).plan_round(BUDGET) == (floor, BUDGET)
     assert not made  # made only when the floor plan does not fit
 
 
@@ -206,6 +206,28 @@ def test_run_out_of_rounds_compiles_the_floor_plan_and_the_fallbacks(base):
     peaks[50] = BUDGET
     loop = dataclasses.replace(loop, tries=0, best=None, lowest_peak=None, compiled=set())
     assert loop.run(BUDGET).recompute_flops == 50
+
+
+def test_no_plan_is_compiled_twice_for_one_budget(base):
+    """A round's plan among the fallbacks, and the function as written compiled among them
+    before a fallback fit, are not compiled again (each would count as a compile)."""
+    rounds, floor, per_layer = (_plan(base, BUDGET, f, saved=frozenset({f}))
+                                for f in (60, 50, 40))
+    as_written = dataclasses.replace(_plan(base, BUDGET, 0), no_remat=True)
+    peaks = {60: BUDGET + 3, 50: BUDGET + 1, 0: BUDGET + 2, 40: BUDGET - 1}
+    compiled = []
+
+    def compiled_peak(p):
+        compiled.append(p.recompute_flops)
+        return peaks[p.recompute_flops]
+
+    solve = lambda budget, margins: floor if budget == "floor" else rounds  # noqa: E731
+    loop = dataclasses.replace(_loop(solve, compiled_peak, verify_rounds=1),
+                               fallbacks=lambda: [rounds, as_written, per_layer],
+                               no_remat=lambda peak: as_written)
+    plan = loop.run(BUDGET)
+    assert plan.recompute_flops == 40 and sorted(compiled) == [0, 40, 50, 60]
+    assert plan.verify_compiles == 4
 
 
 def test_verified_floor_is_the_lowest_compiled(base):
