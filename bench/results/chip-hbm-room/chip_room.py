@@ -49,7 +49,7 @@ def least_room(compiled, args) -> tuple[int, float]:
         try:
             jax.block_until_ready(compiled(*args))
             return True
-        except jax.errors.JaxRuntimeError as e:
+        except (jax.errors.JaxRuntimeError, ValueError) as e:  # loading it, or running
             if "RESOURCE_EXHAUSTED" not in str(e):
                 raise
             return False
