@@ -76,6 +76,8 @@ _cache: dict[tuple[str, str, tuple[tuple[str, str], ...]], Measurement] = {}
 #: Set to a directory to keep compiled figures across processes (one JSON file per
 #: program, target, options and compiler version); compiles of big steps take minutes.
 CACHE_DIR_ENV = "AUTOREMAT_MEASURE_CACHE"
+# Bumped when Measurement's fields or their meaning change.
+_DISK_FORMAT = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +86,15 @@ class Measurement:
 
     Attributes:
       target: the target compiled for (see :data:`TARGETS`).
-      peak_bytes: peak device memory of the step, as the compiler plans it (arguments,
-        outputs and temporaries; buffers an output shares with an argument counted once).
-      temp_bytes: temporaries (activations, residuals, workspace).
+      peak_bytes: the device memory the compiled step holds: its arguments, outputs and
+        temporary buffers, a buffer an output shares with an argument counted once. It is
+        what budgets are compared with.
+      compiler_peak_bytes: the compiler's own peak (``peak_memory_in_bytes``). On TPU it
+        also counts values that memory-space assignment places in the chip's on-chip
+        memory, so it can be tens of MiB above the device memory the step needs, and can
+        rank two plans the wrong way (measured on a TPU v5e chip:
+        ``bench/results/chip-hbm-room/``).
+      temp_bytes: temporaries in device memory (activations, residuals, workspace).
       argument_bytes: the step's arguments.
       output_bytes: the step's outputs (the gradients).
       flops: FLOPs as the compiler counts them. It counts a loop body (a ``scan``) once,
@@ -107,6 +115,7 @@ class Measurement:
 
     target: str
     peak_bytes: int
+    compiler_peak_bytes: int
     temp_bytes: int
     argument_bytes: int
     output_bytes: int
@@ -181,9 +190,9 @@ def fits(fn: Callable, *args: Any, budget_bytes: int, target: str = "tpu-v5e",
     down to whole MiB); the compiler fails with ``RESOURCE_EXHAUSTED`` when the step does
     not fit. Under the limit the compiler also rematerializes on its own where that fits
     the step, as it would on a chip with that much HBM, so a step whose
-    :func:`measure_step` peak is over the budget can fit; its own count includes a little
-    more than :attr:`Measurement.peak_bytes` (program overlays), so one whose peak is just
-    under the budget may not.
+    :func:`measure_step` peak is over the budget can fit. Its own count differs from
+    :attr:`Measurement.peak_bytes` (it adds program overlays, and moves values to on-chip
+    memory), so one whose peak is just under the budget may not.
 
     Args:
       fn, *args, argnums: as for :func:`measure_step`.
@@ -239,7 +248,9 @@ def _compile(fn: Callable, args: tuple, target: str, argnums: int | Sequence[int
     assert memory is not None and cost is not None  # the TPU and GPU compilers report both
     _cache[key] = Measurement(
         target=target,
-        peak_bytes=int(memory.peak_memory_in_bytes),
+        peak_bytes=int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                       + memory.temp_size_in_bytes - memory.alias_size_in_bytes),
+        compiler_peak_bytes=int(memory.peak_memory_in_bytes),
         temp_bytes=int(memory.temp_size_in_bytes),
         argument_bytes=int(memory.argument_size_in_bytes),
         output_bytes=int(memory.output_size_in_bytes),
@@ -390,7 +401,8 @@ def _disk_path(key: tuple[str, str, tuple[tuple[str, str], ...]]) -> pathlib.Pat
     compiler = importlib.metadata.version("libtpu") if key[1].startswith("tpu") else ""
     if key[1] in LOCAL_TARGETS:
         compiler += jax.devices(key[1])[0].device_kind
-    digest = hashlib.sha256(repr((key, compiler, jax.__version__)).encode()).hexdigest()
+    version = (compiler, jax.__version__, _DISK_FORMAT)
+    digest = hashlib.sha256(repr((key, *version)).encode()).hexdigest()
     return pathlib.Path(root) / f"{digest}.json"
 
 

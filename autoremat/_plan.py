@@ -43,8 +43,9 @@ class Plan:
       gap: relative gap between the plan's recompute cost and the solver's lower bound.
       placement: where the remat regions are (:class:`autoremat.Placement`).
       solve_seconds: time spent in the solver.
-      verified_peak_bytes: the real compiler's peak for the step, when the plan was made
-        with ``verify`` (``None`` otherwise).
+      verified_peak_bytes: the device memory of the compiled step
+        (:attr:`Measurement.peak_bytes`), when the plan was made with ``verify``
+        (``None`` otherwise).
       verify_target: the target it was compiled for (``None`` without ``verify``).
       verify_compiles: how many compiles planning made (0 without ``verify``).
       graph: the traced value graph (not part of equality or hashing).

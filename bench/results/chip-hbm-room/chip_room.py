@@ -1,8 +1,9 @@
 """On a TPU chip: the least free HBM in which each variant's step runs, found by filling
 the rest of the chip's memory with one array and bisecting its size (1 MiB steps).
 
-``python chip_room.py MODEL VARIANT...`` (from the repository root, ``PYTHONPATH=.:solvers``),
-VARIANT one of ``none`` (no remat), ``hand`` (the model's own remat per block,
+``python chip_room.py MODEL:VARIANT,VARIANT... ...`` (from the repository root,
+``PYTHONPATH=.:solvers``; one process for all, since each process that opens the chip
+costs seconds), VARIANT one of ``none`` (no remat), ``hand`` (the model's own remat per block,
 ``nothing_saveable``), or an index into the verified floor's contenders
 (``autoremat._planner._api._floor_contenders``; 0 is the model's floor plan). One JSON line
 per variant: the compiler's figures (``memory_analysis()``), the bytes in use when the
@@ -82,4 +83,7 @@ def main(name: str, wanted: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    for spec in sys.argv[1:]:
+        name, wanted = spec.split(":")
+        main(name, wanted.split(","))
+        jax.clear_caches()  # the executables' code off the chip before the next model's
