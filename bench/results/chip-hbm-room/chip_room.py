@@ -4,7 +4,8 @@ the rest of the chip's memory with one array and bisecting its size (1 MiB steps
 ``python chip_room.py MODEL:VARIANT,VARIANT... ...`` (from the repository root,
 ``PYTHONPATH=.:solvers``; one process for all, since each process that opens the chip
 costs seconds), VARIANT one of ``none`` (no remat), ``hand`` (the model's own remat per block,
-``nothing_saveable``), or an index into the verified floor's contenders
+``nothing_saveable``), ``verified`` (the verified floor, ``budget="floor"`` verified on this
+chip), or an index into the verified floor's contenders
 (``autoremat._planner._api._floor_contenders``; 0 is the model's floor plan). One JSON line
 per variant: the compiler's figures (``memory_analysis()``), the bytes in use when the
 least room was found (the arguments and the loaded executables) and that room.
@@ -16,6 +17,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
+import autoremat
 from autoremat import _measure, _rewrite, zoo
 from autoremat._planner import _api
 from autoremat._planner._candidates import candidates
@@ -34,6 +36,8 @@ def variants(name: str, wanted: list[str]) -> tuple[dict, tuple]:
     flat_fn, _, avals, _ = _rewrite.flat_function(loss, shapes, {})
     contenders = _api._floor_contenders(candidates(flat_fn, avals, opts), opts)
     fns = {"none": loss, "hand": m.make_loss(jax.checkpoint_policies.nothing_saveable)}
+    if "verified" in wanted:
+        fns["verified"] = autoremat.plan(loss, *args, budget="floor", verify="tpu").apply(loss)
     return {k: fns[k] if k in fns else contenders[int(k)].apply(loss) for k in wanted}, args
 
 
