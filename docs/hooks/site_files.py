@@ -46,7 +46,7 @@ EXTERNAL = {
                       "grad-buffer-evidence/*", "memory-space-evidence/*",
                       "no-remat-default-compile/*", "zoo-default-compile/*",
                       "chip-hbm-room/*", "corpus-device-memory/**/*.md",
-                      "corpus-device-memory/**/*.json"),
+                      "corpus-device-memory/**/*.json", "corpus-device-memory/*.jsonl"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
 }
