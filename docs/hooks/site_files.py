@@ -45,8 +45,7 @@ EXTERNAL = {
                       "planning-time-backends/*", "zoo-no-verify-tpu/*",
                       "grad-buffer-evidence/*", "memory-space-evidence/*",
                       "no-remat-default-compile/*", "zoo-default-compile/*",
-                      "chip-hbm-room/*", "corpus-device-memory/**/*.md",
-                      "corpus-device-memory/**/*.json", "corpus-device-memory/*.jsonl"),
+                      "chip-hbm-room/*", "corpus-device-memory/*"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
 }

@@ -31,14 +31,16 @@ def variants(name: str, wanted: list[str]) -> tuple[dict, tuple]:
     m = corpus.get(name) if name in corpus.CORPUS else zoo.get(name)
     loss = m.make_loss()
     args = m.init(jax.random.key(0))
-    opts = PlanOptions(verify="tpu-v5e")
-    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
-    flat_fn, _, avals, _ = _rewrite.flat_function(loss, shapes, {})
-    contenders = _api._floor_contenders(candidates(flat_fn, avals, opts), opts)
     fns = {"none": loss, "hand": m.make_loss(jax.checkpoint_policies.nothing_saveable)}
     if "verified" in wanted:
         fns["verified"] = autoremat.plan(loss, *args, budget="floor", verify="tpu").apply(loss)
-    return {k: fns[k] if k in fns else contenders[int(k)].apply(loss) for k in wanted}, args
+    if any(k.isdigit() for k in wanted):
+        opts = PlanOptions(verify="tpu-v5e")
+        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+        flat_fn, _, avals, _ = _rewrite.flat_function(loss, shapes, {})
+        contenders = _api._floor_contenders(candidates(flat_fn, avals, opts), opts)
+        fns |= {k: contenders[int(k)].apply(loss) for k in wanted if k.isdigit()}
+    return {k: fns[k] for k in wanted}, args
 
 
 def least_room(compiled, args) -> tuple[int, float]:
