@@ -8,7 +8,8 @@ both compiled for a TPU target, as the issues on the benchmark and on placement 
 Writes ``floor.md`` and ``floor.json`` under ``--out``. Each row: the real peak without
 remat, then for ``nothing_saveable`` and autoremat's floor, without and with ``verify``, the
 real peak (``Measurement.peak_bytes``; the JSON also has the compiler's own
-``peak_memory_in_bytes``) and the program's recompute overhead (FLOPs of the training
+``peak_memory_in_bytes``), the plan's number of remat regions and the program's recompute
+overhead (FLOPs of the training
 step's jaxpr over no remat's).
 """
 
@@ -47,8 +48,10 @@ def measure(name: str, target: str, time_limit_s: float) -> dict:
                               verify=target)
     row = {"model": name, "target": target, "floor_predicted_bytes": floor.peak_bytes,
            "floor_status": floor.status, "floor_scan_pieces": floor.placement.scan_pieces,
+           "floor_regions": len(floor.graph.regions),
            "verified_predicted_bytes": verified.peak_bytes,
-           "verified_scan_pieces": verified.placement.scan_pieces}
+           "verified_scan_pieces": verified.placement.scan_pieces,
+           "verified_regions": len(verified.graph.regions)}
     for key, fn in (("no_remat", loss), ("nothing_saveable", baseline),
                     ("floor", floor.apply(loss)),
                     ("verified", verified.apply(loss))):
@@ -80,15 +83,16 @@ def main() -> None:
          "is within 10% of the least, no remat and one remat per layer. Program overhead: "
          "FLOPs of the training step's jaxpr over no remat's."), "",
         ("| model | no remat MiB | nothing_saveable MiB | overhead | floor plan MiB "
-         "(predicted) | overhead | with verify MiB (predicted) | overhead | with verify - "
-         "nothing_saveable |"),
-        "|---|---|---|---|---|---|---|---|---|"]
+         "(predicted) | overhead | regions | with verify MiB (predicted) | overhead | regions "
+         "| with verify - nothing_saveable |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {mib(r['no_remat_real_bytes'])} | "
               f"{mib(r['nothing_saveable_real_bytes'])} | "
               f"{r['nothing_saveable_overhead']:+.2%} | {mib(r['floor_real_bytes'])} "
               f"({mib(r['floor_predicted_bytes'])}) | {r['floor_overhead']:+.2%} | "
+              f"{r['floor_regions']} | "
               f"{mib(r['verified_real_bytes'])} ({mib(r['verified_predicted_bytes'])}) | "
-              f"{r['verified_overhead']:+.2%} | "
+              f"{r['verified_overhead']:+.2%} | {r['verified_regions']} | "
               f"{mib(r['verified_real_bytes'] - r['nothing_saveable_real_bytes'])} MiB |"
               for r in rows]
     args.out.mkdir(parents=True, exist_ok=True)
