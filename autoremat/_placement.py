@@ -85,10 +85,15 @@ class Placement:
         return any(g > 1 for g in self.scan_groups)
 
     @property
+    def nests(self) -> bool:
+        """Whether some scan or the segments run nested."""
+        return self.nests_scans or self.segment_group > 1
+
+    @property
     def restructures(self) -> bool:
         """Whether the program runs otherwise than as written whatever a plan saves: some
         scan split or nested, or segments nested."""
-        return self.splits_scans or self.nests_scans or self.segment_group > 1
+        return self.splits_scans or self.nests
 
     def to_json(self) -> dict[str, Any]:
         """The placement as JSON data (see :data:`SCHEMA`)."""

@@ -142,8 +142,9 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         loop, so it is chosen only where every plan without it recomputes more (below
         the floor of one checkpoint per iteration, in practice). Off by default: on the
         compiler it lowers some models' floors and not others' while the model's
-        prediction differs, so use it with ``verify`` (``budget="floor"`` with ``verify``
-        compiles both; measured in ``bench/results/scan_structure.md`` and
+        prediction differs, so use it with ``verify``. ``budget="floor"`` with
+        ``verify`` turns it and ``nested_segments`` on and compiles the nested floors
+        beside the others (measured in ``bench/results/scan_structure.md`` and
         ``bench/results/nested.md``).
       nested_segments: also consider the finest placement's segments nested: consecutive
         segments in groups of about sqrt(their number), each group in one more
@@ -188,7 +189,10 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
 def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: PlanOptions
               ) -> Plan:
     """:func:`plan` of ``fn(*args, **kwargs)`` with its options as one record."""
-    parse_budget(budget)
+    if parse_budget(budget) == FLOOR and options.verify is not None:
+        # The model's error differs most between nested plans and the others, so a
+        # verified floor compiles the nested placements' floors too (_floor_contenders).
+        options = dataclasses.replace(options, nested_scans=True, nested_segments=True)
     traced_at = time.perf_counter()
     flat_fn, _, avals, _ = _rewrite.flat_function(fn, args, kwargs)
     found = candidates(flat_fn, avals, options)
@@ -239,11 +243,18 @@ def _under_the_verified_floor(floor: Plan, contenders: Sequence[Plan],
 def _floor_contenders(found: Sequence[Candidate], options: PlanOptions) -> list[Plan]:
     """The plans a verified floor is the lowest compiled of: the floor plans of the
     placements whose model floor is within ``MODEL_ERROR`` of the least (at most
-    ``verify_rounds``, lowest first), then no remat and one remat per layer."""
-    floors = floor_plans(found, options, SolverClock.of(options, len(found)),
-                         MODEL_ERROR)
-    contenders = [*floors[:options.verify_rounds],
-                  *obvious_plans(found, options, floors[0].no_remat_peak_bytes)]
+    ``verify_rounds``, lowest first), likewise of the nested placements, weighed apart
+    (the model's floor of a nested placement can be far below the others' and compile
+    above them, or the other way round: ``bench/results/nested.md``), then no remat and
+    one remat per layer."""
+    clock = SolverClock.of(options, len(found))
+    plain = [c for c in found if not c.placement.nests]
+    nested = [c for c in found if c.placement.nests]
+    floors = floor_plans(plain, options, clock, MODEL_ERROR)[:options.verify_rounds]
+    if nested:
+        floors += [p for p in floor_plans(nested, options, clock, MODEL_ERROR)
+                   if p.placement.nests][:options.verify_rounds]
+    contenders = [*floors, *obvious_plans(found, options, floors[0].no_remat_peak_bytes)]
     # A plan among both (one remat per layer, no remat) is compiled once.
     unique: dict[tuple, Plan] = {}
     for p in contenders:

@@ -76,3 +76,25 @@ def test_the_verified_floor_stands_where_no_plan_under_it_is_found(error):
 
     chosen = _api._under_the_verified_floor(floor, [floor], solve, lambda p: 0)
     assert chosen is floor
+
+
+def test_floor_contenders_weigh_the_nested_placements_apart():
+    # Eight layers: the nested placements' model floor is far below the others', and
+    # each kind keeps its own floor plans among the plans a verified floor compiles.
+    ws = [jnp.ones((64, 64)) / 64 for _ in range(8)]
+    x = jnp.ones((256, 64))
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.nn.gelu(x @ w)
+        return jnp.sum(x ** 2)
+
+    options = autoremat.PlanOptions(verify=None, nested_segments=True)
+    flat_fn, _, avals, _ = _api._rewrite.flat_function(loss, (ws, x), {})
+    found = _candidates.candidates(flat_fn, avals, options)
+    contenders = _api._floor_contenders(found, options)
+    nested = [p for p in contenders if p.placement.nests]
+    # Solved floors (one remat per layer, also among them, passes no barriers).
+    plain = [p for p in contenders if not p.placement.nests and p.placement.barriers]
+    assert nested and plain
+    assert min(p.peak_bytes for p in nested) < min(p.peak_bytes for p in plain)
