@@ -5,12 +5,12 @@ both compiled for a TPU target, as the issues on the benchmark and on placement 
     python bench/floor.py --model gpt2-small --model gpt2-small-scan --model llama
     python bench/floor.py --model eqx-mlp --out /tmp/floor       # pip install -e ".[corpus]"
 
-Writes ``floor.md`` and ``floor.json`` under ``--out``. Each row: the real peak without
-remat, then for ``nothing_saveable`` and autoremat's floor, without and with ``verify``, the
-real peak (``Measurement.peak_bytes``; the JSON also has the compiler's own
+Writes ``floor.md`` and ``floor.json`` under ``--out``. Each row: the step's arguments and
+outputs (the device memory no plan goes below), the real peak without remat, then for
+``nothing_saveable`` and autoremat's floor, without and with ``verify``, the real peak
+(``Measurement.peak_bytes``; the JSON also has the compiler's own
 ``peak_memory_in_bytes``), the plan's number of remat regions and the program's recompute
-overhead (FLOPs of the training
-step's jaxpr over no remat's).
+overhead (FLOPs of the training step's jaxpr over no remat's).
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def measure(name: str, target: str, time_limit_s: float) -> dict:
                     ("floor", floor.apply(loss)),
                     ("verified", verified.apply(loss))):
         real = _measure.measure_step(fn, *args, target=target, argnums=argnums)
+        # What no plan goes below: the step's arguments and outputs.
+        row["arguments_outputs_bytes"] = real.argument_bytes + real.output_bytes
         row[f"{key}_real_bytes"] = real.peak_bytes
         row[f"{key}_compiler_peak_bytes"] = real.compiler_peak_bytes
         row[f"{key}_overhead"] = program_flops(fn, *args, argnums=argnums) / base - 1
@@ -80,13 +82,15 @@ def main() -> None:
          "least peak the model allows, then the least stage peak with no saved value packed "
          "into the gradients' buffers, then the least recompute; with `verify`, the plan "
          "the compiler puts lowest among the floor plans of the placements whose model floor "
-         "is within 10% of the least, no remat and one remat per layer. Program overhead: "
+         "is within 10% of the least, likewise of the nested placements, no remat and one "
+         "remat per layer. Program overhead: "
          "FLOPs of the training step's jaxpr over no remat's."), "",
-        ("| model | no remat MiB | nothing_saveable MiB | overhead | floor plan MiB "
-         "(predicted) | overhead | regions | with verify MiB (predicted) | overhead | regions "
-         "| with verify - nothing_saveable |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['model']} | {mib(r['no_remat_real_bytes'])} | "
+        ("| model | arguments + outputs MiB | no remat MiB | nothing_saveable MiB | overhead "
+         "| floor plan MiB (predicted) | overhead | regions | with verify MiB (predicted) "
+         "| overhead | regions | with verify - nothing_saveable |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {mib(r['arguments_outputs_bytes'])} | "
+              f"{mib(r['no_remat_real_bytes'])} | "
               f"{mib(r['nothing_saveable_real_bytes'])} | "
               f"{r['nothing_saveable_overhead']:+.2%} | {mib(r['floor_real_bytes'])} "
               f"({mib(r['floor_predicted_bytes'])}) | {r['floor_overhead']:+.2%} | "
