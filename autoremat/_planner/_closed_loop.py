@@ -309,9 +309,10 @@ def verified_floor(floors: Sequence[Plan], compiled_peak: Callable[[Plan], int],
     """Of the plans ``floors`` (the floor plans of the placements, the model's error
     differing between them, and the obvious plans of
     :func:`autoremat._planner._candidates.obvious_plans`), the one the compiler puts
-    lowest, the earlier on a tie: a verified floor is never above no remat, or above one
-    remat per layer, on the compiler."""
-    peak, k = min((compiled_peak(p), k) for k, p in enumerate(floors))
+    lowest, on a tie the one that recomputes least, then the earlier (several can hold
+    only the step's arguments and outputs): a verified floor is never above no remat, or
+    above one remat per layer, on the compiler."""
+    peak, _, k = min((compiled_peak(p), p.recompute_flops, k) for k, p in enumerate(floors))
     return dataclasses.replace(floors[k], budget_bytes=max(floors[k].budget_bytes, peak),
                                verified_peak_bytes=peak, verify_target=target,
                                verify_compiles=len(floors))

@@ -45,7 +45,8 @@ EXTERNAL = {
                       "planning-time-backends/*", "zoo-no-verify-tpu/*",
                       "grad-buffer-evidence/*", "memory-space-evidence/*",
                       "no-remat-default-compile/*", "zoo-default-compile/*",
-                      "chip-hbm-room/*", "corpus-device-memory/*"),
+                      "chip-hbm-room/*", "corpus-device-memory/*",
+                      "corpus-no-verify-device-memory/**/*"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
 }

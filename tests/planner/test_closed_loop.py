@@ -236,6 +236,12 @@ def test_verified_floor_is_the_lowest_compiled(base):
     assert chosen.placement == B and chosen.verified_peak_bytes == 20
 
 
+def test_verified_floor_recomputes_least_among_the_lowest_compiled(base):
+    floors = [_plan(base, 10, 50, A), _plan(base, 11, 40, B), _plan(base, 12, 40, A)]
+    chosen = verified_floor(floors, lambda p: 20, "tpu-v5e")
+    assert chosen.peak_bytes == 11 and chosen.recompute_flops == 40
+
+
 def test_a_fitting_plan_that_recomputes_little_gives_way_to_no_remat_where_that_fits_too(base):
     """Near no remat the compiler may fit the function as written, which the model puts
     far above the budget (nnx-transformer at its no-remat peak: a plan recomputing 0.16%
