@@ -9,7 +9,8 @@ Writes ``floor.md`` and ``floor.json`` under ``--out``. Each row: the step's arg
 outputs (the device memory no plan goes below), the real peak without remat, then for
 ``nothing_saveable`` and autoremat's floor, without and with ``verify``, the real peak
 (``Measurement.peak_bytes``; the JSON also has the compiler's own
-``peak_memory_in_bytes``), the plan's number of remat regions and the program's recompute
+``peak_memory_in_bytes``), the plan's number of remat regions (and whether the verified
+floor nests them) and the program's recompute
 overhead (FLOPs of the training step's jaxpr over no remat's).
 """
 
@@ -51,7 +52,8 @@ def measure(name: str, target: str, time_limit_s: float) -> dict:
            "floor_regions": len(floor.graph.regions),
            "verified_predicted_bytes": verified.peak_bytes,
            "verified_scan_pieces": verified.placement.scan_pieces,
-           "verified_regions": len(verified.graph.regions)}
+           "verified_regions": len(verified.graph.regions),
+           "verified_nests": verified.placement.nests}
     for key, fn in (("no_remat", loss), ("nothing_saveable", baseline),
                     ("floor", floor.apply(loss)),
                     ("verified", verified.apply(loss))):
@@ -96,7 +98,8 @@ def main() -> None:
               f"({mib(r['floor_predicted_bytes'])}) | {r['floor_overhead']:+.2%} | "
               f"{r['floor_regions']} | "
               f"{mib(r['verified_real_bytes'])} ({mib(r['verified_predicted_bytes'])}) | "
-              f"{r['verified_overhead']:+.2%} | {r['verified_regions']} | "
+              f"{r['verified_overhead']:+.2%} | {r['verified_regions']}"
+              f"{' nested' if r['verified_nests'] else ''} | "
               f"{mib(r['verified_real_bytes'] - r['nothing_saveable_real_bytes'])} MiB |"
               for r in rows]
     args.out.mkdir(parents=True, exist_ok=True)
