@@ -10,8 +10,8 @@ outputs (the device memory no plan goes below), the real peak without remat, the
 ``nothing_saveable`` and autoremat's floor, without and with ``verify``, the real peak
 (``Measurement.peak_bytes``; the JSON also has the compiler's own
 ``peak_memory_in_bytes``), the plan's number of remat regions (and whether the verified
-floor nests them) and the program's recompute
-overhead (FLOPs of the training step's jaxpr over no remat's).
+floor nests them) and the program's recompute overhead (FLOPs of the training step's jaxpr
+over no remat's); the JSON also has the verified floor's compiles.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def measure(name: str, target: str, time_limit_s: float) -> dict:
            "verified_predicted_bytes": verified.peak_bytes,
            "verified_scan_pieces": verified.placement.scan_pieces,
            "verified_regions": len(verified.graph.regions),
-           "verified_nests": verified.placement.nests}
+           "verified_nests": verified.placement.nests,
+           "verified_compiles": verified.verify_compiles}
     for key, fn in (("no_remat", loss), ("nothing_saveable", baseline),
                     ("floor", floor.apply(loss)),
                     ("verified", verified.apply(loss))):
