@@ -68,8 +68,10 @@ def plan(fn: Callable, *args: Any, budget: Budget, time_limit_s: float = 60.0,
         activation memory under theirs (within its error it cannot tell them apart, and
         they are the plans a user would write); with ``verify``, of the
         placements whose floor the model puts within 10% of the least (at most
-        ``verify_rounds`` of them, lowest first), no remat and one remat per layer, the
-        plan the compiler puts lowest, or the model's cheapest plan just under it where
+        ``verify_rounds`` of them, lowest first), likewise of the nested placements
+        (``nested_scans``, ``nested_segments``: considered here whatever they say), no
+        remat and one remat per layer, the plan the compiler puts lowest (on a tie, the
+        one that recomputes least), or the model's cheapest plan just under it where
         that compiles lower. For a sharded step, the bytes of one device (as are all of
         the plan's figures).
       time_limit_s: stop planning after about this long with the best plan found (its
