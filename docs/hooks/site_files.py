@@ -46,7 +46,8 @@ EXTERNAL = {
                       "grad-buffer-evidence/*", "memory-space-evidence/*",
                       "no-remat-default-compile/*", "zoo-default-compile/*",
                       "chip-hbm-room/*", "corpus-device-memory/*",
-                      "corpus-no-verify-device-memory/**/*"),
+                      "corpus-no-verify-device-memory/**/*",
+                      "fidelity-device-memory/**/*"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
 }
