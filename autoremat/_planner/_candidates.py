@@ -187,13 +187,14 @@ def with_saved_bytes_of_jax(plan: Plan, facts: _trace.ProgramFacts) -> Plan:
     """``plan``, whose placement may run code as written (``Placement.written``), with
     the bytes JAX keeps for it where it does: there JAX keeps what its own rules read,
     not always the named values the plan saves (a broadcast a log-softmax's backward
-    reads), so the bytes are JAX's. Unchanged where the program is not the function's
-    own (:attr:`autoremat._trace.ProgramFacts.written`)."""
+    reads), so the bytes are JAX's, counted in the plan's layout as its own values are.
+    Unchanged where the program is not the function's own
+    (:attr:`autoremat._trace.ProgramFacts.written`)."""
     if not plan.placement.written or facts.written is None:
         return plan
     flat_fn, avals = facts.written
     return dataclasses.replace(plan, saved_bytes=_trace.saved_bytes_as_written(
-        plan.apply(flat_fn), avals))
+        plan.apply(flat_fn), avals, plan.layout))
 
 
 def as_written_plan(found: Sequence[Candidate], options: PlanOptions, no_remat: int) -> Plan:
@@ -235,13 +236,14 @@ def no_remat_plan(facts: _trace.ProgramFacts, graph: Graph, baseline: _solve.Dec
     """The plan that recomputes nothing on ``graph`` (of the program of ``facts``;
     ``baseline``: its :func:`no_remat_decisions`). Where it :func:`runs_as_written`, it is
     the function itself (:attr:`Plan.no_remat`): no checkpoint, whose barriers would cost
-    the compiler fusion, and the residuals JAX keeps for it, whatever the regions would
-    save."""
+    the compiler fusion, and the residuals JAX keeps for it (in the graph's layout),
+    whatever the regions would save."""
     plan = plan_of(graph, baseline, budget_bytes, no_remat_peak, options)
-    if not runs_as_written(facts, graph) or facts.saved_bytes_as_written is None:
+    saved_bytes = facts.saved_bytes_as_written(graph.layout) if runs_as_written(facts, graph) \
+        else None
+    if saved_bytes is None:
         return plan
-    return dataclasses.replace(plan, no_remat=True, recompute_flops=0,
-                               saved_bytes=facts.saved_bytes_as_written)
+    return dataclasses.replace(plan, no_remat=True, recompute_flops=0, saved_bytes=saved_bytes)
 
 
 def plan_of(graph: Graph, d: _solve.Decisions, budget_bytes: int, no_remat_peak: int,

@@ -7,12 +7,14 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
+from jax._src import core as jax_core
 
 from autoremat import _program
+from autoremat._layout import Layout
 from autoremat._program import Eqn, Program
 from autoremat._trace._common import abstract
 from autoremat._trace._memory import cotangent_holders, differentiable
-from autoremat._trace._residuals import JaxAnswers, saved_bytes_as_written, step_flops
+from autoremat._trace._residuals import JaxAnswers, residual_bytes, residuals_as_written, step_flops
 from autoremat._trace._signature import SignatureTexts
 from autoremat._trace._values import ValueFacts, value_facts
 
@@ -58,11 +60,16 @@ class ProgramFacts:
     written: tuple[Callable, Sequence[jax.ShapeDtypeStruct]] | None = None
 
     @functools.cached_property
-    def saved_bytes_as_written(self) -> int | None:
-        """Bytes JAX keeps for the backward pass of ``written`` run as written, without
-        remat (arguments left out): the ``saved_bytes`` of no remat; ``None`` without
-        ``written``."""
-        return None if self.written is None else saved_bytes_as_written(*self.written)
+    def residuals_as_written(self) -> tuple[jax_core.AbstractValue, ...] | None:
+        """What JAX keeps for the backward pass of ``written`` run as written, without
+        remat (arguments left out); ``None`` without ``written``."""
+        return None if self.written is None else residuals_as_written(*self.written)
+
+    def saved_bytes_as_written(self, layout: Layout) -> int | None:
+        """Bytes of :attr:`residuals_as_written` under ``layout``: the ``saved_bytes`` of
+        no remat; ``None`` without ``written``."""
+        kept = self.residuals_as_written
+        return None if kept is None else residual_bytes(kept, layout)
 
     def cotangent_size(self, value_id: int) -> int:
         """Bytes the cotangent of value ``value_id`` holds."""

@@ -13,6 +13,7 @@ from jax._src import core as jax_core
 
 from autoremat import _program
 from autoremat._cost import live_flops
+from autoremat._layout import Layout
 from autoremat._program import Eqn, Program, ScanBody, Segment
 from autoremat._trace._common import abstract, is_float, produced
 from autoremat._trace._effects import REPEATED_ON_RECOMPUTE, nested_eqns
@@ -115,15 +116,28 @@ def residuals(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
     return names, args, other
 
 
-def saved_bytes_as_written(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> int:
-    """Bytes of the residuals ``fn``'s VJP keeps, its arguments left out: what JAX saves
-    for ``fn`` run as written, without a checkpoint (a buffer once, each literal), as
+def residuals_as_written(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
+                         ) -> tuple[jax_core.AbstractValue, ...]:
+    """The residuals ``fn``'s VJP keeps, its arguments left out: what JAX saves for ``fn``
+    run as written, without a checkpoint (a buffer once, each literal), as
     :func:`autoremat._rewrite.as_written` runs it: its traced program."""
     run = jax_core.jaxpr_as_fun(jax.make_jaxpr(fn)(*avals))
     jaxpr = jax.make_jaxpr(lambda *a: jax.vjp(run, *a)[1])(*avals).jaxpr
     literals = [v for v in jaxpr.outvars if isinstance(v, jax_core.Literal)]
     kept = {v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal)} - set(jaxpr.invars)
-    return sum(_program.nbytes(v.aval) for v in [*literals, *kept])
+    return tuple(v.aval for v in [*literals, *kept])
+
+
+def saved_bytes_as_written(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
+                           layout: Layout = "dense") -> int:
+    """Bytes of :func:`residuals_as_written`, each counted under ``layout`` as a plan counts
+    the values it saves."""
+    return residual_bytes(residuals_as_written(fn, avals), layout)
+
+
+def residual_bytes(kept: Sequence[jax_core.AbstractValue], layout: Layout) -> int:
+    """Bytes of the residuals ``kept`` under ``layout``."""
+    return sum(_program.nbytes(aval, layout) for aval in kept)
 
 
 def _differentiated(fn: Callable, args: Sequence[Any], frozen: Collection[int]

@@ -10,6 +10,7 @@ import pytest
 
 import autoremat
 from autoremat import _measure, _rewrite, _solve
+from autoremat._layout import array_bytes
 from autoremat._planner import PlanOptions
 from autoremat._planner._candidates import (
     SolverClock,
@@ -24,9 +25,9 @@ from tests.models import saved_residuals
 TINY = sorted(name for name in corpus.CORPUS if name.endswith("-tiny"))
 
 
-def _kept_bytes(fn, *args) -> int:
-    return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a, src in saved_residuals(fn, *args)
-               if not src.startswith("from the argument"))
+def _kept_bytes(fn, *args, layout="dense") -> int:
+    return sum(array_bytes(a.shape, a.dtype.itemsize, layout)
+               for a, src in saved_residuals(fn, *args) if not src.startswith("from the argument"))
 
 
 def _grads(fn, args):
@@ -98,6 +99,15 @@ def test_plans_keep_the_gradients_and_save_what_they_say(model, floor, budget):
     for a, b in zip(jax.tree.leaves(_grads(optimized, args)), jax.tree.leaves(_grads(loss, args)),
                     strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("budget", ["floor", 2**40])
+def test_saved_bytes_count_what_jax_keeps_in_the_plans_layout(model, budget):
+    """In TPU tiles too: where a plan runs code as written (the function itself, at no
+    remat), the bytes of what JAX keeps there are counted in tiles like the plan's own."""
+    _, loss, args = model
+    plan = autoremat.plan(loss, *args, budget=budget, layout="tiled")
+    assert plan.saved_bytes == _kept_bytes(plan.apply(loss), *args, layout="tiled")
 
 
 def test_one_remat_per_layer_keeps_the_gradients_and_saves_what_it_says(model):
