@@ -28,7 +28,7 @@ class Plan:
       budget_bytes: the budget the plan was solved for.
       peak_bytes: the predicted peak bytes of the whole gradient computation.
       saved_bytes: bytes of residuals kept between the forward and backward pass
-        (arguments not included).
+        (arguments not included), counted under :attr:`layout`.
       recompute_flops: FLOPs the plan adds to the step: recomputed in the backward pass
         (what JAX recomputes whatever the plan included), and a split scan's gradient
         sums (``graph.fixed_flops``).
