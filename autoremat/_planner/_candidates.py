@@ -239,9 +239,8 @@ def no_remat_plan(facts: _trace.ProgramFacts, graph: Graph, baseline: _solve.Dec
     the compiler fusion, and the residuals JAX keeps for it (in the graph's layout),
     whatever the regions would save."""
     plan = plan_of(graph, baseline, budget_bytes, no_remat_peak, options)
-    saved_bytes = facts.saved_bytes_as_written(graph.layout) if runs_as_written(facts, graph) \
-        else None
-    if saved_bytes is None:
+    if not runs_as_written(facts, graph) or (
+            saved_bytes := facts.saved_bytes_as_written(graph.layout)) is None:
         return plan
     return dataclasses.replace(plan, no_remat=True, recompute_flops=0, saved_bytes=saved_bytes)
 

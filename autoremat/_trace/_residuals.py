@@ -129,7 +129,7 @@ def residuals_as_written(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]
 
 
 def saved_bytes_as_written(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct],
-                           layout: Layout = "dense") -> int:
+                           layout: Layout) -> int:
     """Bytes of :func:`residuals_as_written`, each counted under ``layout`` as a plan counts
     the values it saves."""
     return residual_bytes(residuals_as_written(fn, avals), layout)
