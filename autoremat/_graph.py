@@ -22,6 +22,8 @@ class Value:
       multiplicity: instances kept if saved (the scan length inside a scan body, the
         group's in a nested scan, except for values computed from loop invariants alone,
         which JAX saves once).
+      held_bytes: bytes it takes saved: its ``multiplicity`` instances, stacked as JAX
+        stacks a scan's residuals (in tiles, one more padded dimension).
       primitive: the producing primitive; ``carry_in``/``xs_in`` for a scan body's inputs.
       source: ``file:line`` of the user code that produced it.
       flops: cost of recomputing one instance on one device (a scan body's values are
@@ -63,6 +65,7 @@ class Value:
     dtype: str
     nbytes: int
     multiplicity: int
+    held_bytes: int
     primitive: str
     source: str
     flops: int

@@ -131,6 +131,14 @@ class Program:
         """Bytes one device holds of value ``value_id``, under the program's layout."""
         return self._bytes[value_id]
 
+    def stacked_bytes(self, value_id: int, count: int) -> int:
+        """Bytes one device holds of ``count`` instances of value ``value_id`` stacked along
+        a new leading dimension, as JAX stacks a scan's residuals (in tiles, the stacking
+        dimension may be padded: ``6 x f32[512]`` take ``f32[8,512]``)."""
+        if count == 1:
+            return self.value_bytes(value_id)
+        return nbytes(self.avals[value_id], self.layout, (count, *self.value_shape(value_id)))
+
     @functools.cached_property
     def _bytes(self) -> dict[int, int]:
         """:meth:`value_bytes` of every value, worked out once."""

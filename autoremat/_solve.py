@@ -122,7 +122,7 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
     nested = graph.nested()
     region, released = graph.array("region"), graph.array("released")
     released = np.where(released < 0, region, released)
-    held = graph.array("multiplicity") * graph.array("nbytes")
+    held = graph.array("held_bytes")
     in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     reserved_base, reserved_forward_base = graph.reserved_base_bytes()
     masks, caps, room = graph.reserved_room(held) if graph.grad_bytes else (None,) * 3

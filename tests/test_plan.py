@@ -14,6 +14,7 @@ import pytest
 
 import autoremat
 from autoremat import _benchmark, _measure, _program, _rewrite, _solve, _trace
+from autoremat._layout import array_bytes
 from autoremat._placement import Placement
 from autoremat._planner import _candidates
 from autoremat._planner._floor import floor_plans
@@ -102,6 +103,27 @@ def test_an_operation_whose_jvp_reads_its_output_has_that_output_saved():
     assert plan.recompute_flops == 0 == _recomputed_flops(loss, optimized, (w, x))
     assert plan.saved_bytes == _actual_saved_bytes(optimized, (w, x))
     _assert_close(jax.grad(loss)(w, x), jax.grad(optimized)(w, x))
+
+
+@pytest.mark.parametrize("budget", [0.5, 1.0])
+def test_a_scans_saved_values_are_counted_stacked_as_jax_keeps_them(budget):
+    # A per-row norm statistic, saved in each of 3 iterations: one iteration's f32[2048,1]
+    # takes 8 KiB of tiles, but JAX keeps f32[3,2048,1], whose 3 rows pad to 4: 32 KiB,
+    # not 3 x 8.
+    def loss(ws: jax.Array, x: jax.Array) -> jax.Array:
+        def layer(h, w):
+            y = jnp.tanh(jnp.tanh(h @ w) @ w)
+            return y * jax.lax.rsqrt(jnp.sum(y * y, axis=-1, keepdims=True)), None
+        return jnp.sum(jax.lax.scan(layer, x, ws)[0])
+
+    args = (jax.random.normal(jax.random.key(0), (6, 128, 128)) / 12,
+            jax.random.normal(jax.random.key(1), (2048, 128)))
+    plan = autoremat.plan(loss, *args, budget=budget, layout="tiled")
+    kept = [a for a, src in saved_residuals(plan.apply(loss), *args)
+            if not src.startswith("from the argument")]
+    assert any(a.shape[0] > 1 and sum(d > 1 for d in a.shape[1:]) < 2 for a in kept)
+    assert plan.saved_bytes == sum(array_bytes(a.shape, a.dtype.itemsize, "tiled")
+                                   for a in kept)
 
 
 def test_value_and_grad_under_jit_and_optimize():

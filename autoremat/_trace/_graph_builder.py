@@ -47,7 +47,7 @@ def graph_of(program: Program, placement: Placement, facts: ProgramFacts | None 
     _group_outputs_are_kept(build)
     _handed_on_values_are_released(build)
     graph = Graph(
-        values=tuple(build.values[vid].value() for vid in sorted(build.values)),
+        values=tuple(build.values[vid].value(program) for vid in sorted(build.values)),
         regions=tuple(_with_segment_work(build, r, region)
                       for r, (region, _) in zip(build.regions, built, strict=True)),
         arg_bytes=sum(map(program.value_bytes, program.args)),
@@ -78,12 +78,14 @@ class _Placed:
     replayed: bool = False
     released: int | None = None
 
-    def value(self) -> Value:
-        """The :class:`Value`."""
+    def value(self, program: Program) -> Value:
+        """The :class:`Value`, a value of ``program``."""
         f = self.facts
         return Value(
             id=f.id, shape=f.shape, dtype=f.dtype, nbytes=f.nbytes,
-            multiplicity=self.multiplicity, primitive=f.primitive, source=f.source,
+            multiplicity=self.multiplicity,
+            held_bytes=program.stacked_bytes(f.id, self.multiplicity),
+            primitive=f.primitive, source=f.source,
             flops=f.flops, region=self.region, inputs=f.inputs, saveable=self.saveable,
             recomputable=f.recomputable, needed=self.needed, needed_across=self.needed_across,
             user_name=f.user_name, replays_barrier=self.replays_barrier,

@@ -42,7 +42,7 @@ EXTERNAL = {
                       "corpus-no-verify-default-compile/**/*.png",
                       "corpus-no-verify-default-compile/**/*.json", "on-chip-tpu-v5e/*.md",
                       "on-chip-tpu-v5e/zoo-floor/*", "planning-time-before/*",
-                      "planning-time-backends/*", "zoo-no-verify-tpu/*",
+                      "planning-time-backends/*", "planning-time-ee9a66f/*", "zoo-no-verify-tpu/*",
                       "grad-buffer-evidence/*", "memory-space-evidence/*",
                       "no-remat-default-compile/*", "zoo-default-compile/*",
                       "chip-hbm-room/*", "corpus-device-memory/*",
