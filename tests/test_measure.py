@@ -252,6 +252,10 @@ def test_the_verified_floor_nests_where_the_compiler_puts_that_lowest():
     assert p.placement.nests
     assert p.verified_peak_bytes == autoremat.measure_step(p.apply(loss), ws, x).peak_bytes
     assert p.verified_peak_bytes < 0.8 * autoremat.measure_step(hand, ws, x).peak_bytes
+    # A budget at that floor fits: the plans it falls back on below the model's floor are
+    # the verified floor's, nested ones included.
+    at = autoremat.plan(loss, ws, x, budget=p.verified_peak_bytes, verify="tpu-v5e")
+    assert at.verified_peak_bytes <= p.verified_peak_bytes
 
 
 @needs_libtpu
