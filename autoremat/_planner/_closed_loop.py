@@ -75,9 +75,13 @@ class ClosedLoop:
         be: :func:`autoremat._planner._candidates.as_written_plan`), of the model's
         no-remat peak (``Plan.no_remat_peak_bytes``, which it reports), compiled once a plan
         that recomputes fits where a plan compiled recomputes at most ``NEAR_NO_REMAT`` of
-        the step, or leaves more than ``ROOM_LEFT`` of the budget unused: nothing
-        recomputes less, and the compiler may fit it.
+        the step, or leaves more than ``ROOM_LEFT`` of the budget unused, or fits below
+        the model's floor: nothing recomputes less, and the compiler may fit it.
       near_no_remat: a plan compiled so far recomputes at most ``NEAR_NO_REMAT``.
+      below_model_floor: the budget is below the model's floor, which is then too high
+        on this program (Keras's CNN on TPU v5e: its floor plan, recomputing 30%, and the
+        function as written both compile at the 11.9 MiB of arguments and outputs, the
+        chip keeping every temporary on-chip).
       by_hand: the plans of one remat per layer
         (:func:`autoremat._planner._candidates.per_layer_plan`), of the model's no-remat
         peak (the argument, as for ``no_remat``), each compiled once a plan
@@ -105,6 +109,7 @@ class ClosedLoop:
     fallbacks: Callable[[], Sequence[Plan]] = tuple
     no_remat: Callable[[int], Plan] | None = None
     near_no_remat: bool = False
+    below_model_floor: bool = False
     by_hand: Callable[[int], Sequence[Plan]] = lambda _: ()
 
     def run(self, budget: Budget) -> Plan:
@@ -141,6 +146,7 @@ class ClosedLoop:
             self.cheaper_by_hand()
         assert self.best is not None  # fitted, or raised above
         if recompute_cost(self.best) > 0 and (self.near_no_remat or self.room_left()
+                                                or self.below_model_floor
                                                 or self.best.modeled_overhead <= LITTLE_RECOMPUTE):
             self.without_remat(self.best.no_remat_peak_bytes)
         return dataclasses.replace(self.best, verify_compiles=self.tries + self.refines)
@@ -229,6 +235,7 @@ class ClosedLoop:
             if self.best is not None:
                 return None
             self.budget_bytes = self.budget_bytes or e.budget_bytes
+            self.below_model_floor = True
             return self._below_the_floor(self.solve(FLOOR, Margins()))
         self.budget_bytes = self.budget_bytes or plan.budget_bytes
         decided = decisions(plan)
