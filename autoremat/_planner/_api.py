@@ -210,9 +210,9 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
         return _under_the_verified_floor(floor, contenders, solve, compiled_peak)
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
                       options.refine_rounds,
-                      fallbacks=lambda: sorted(_verified_floor_contenders(flat_fn, avals,
-                                                                          options),
-                                               key=lambda p: p.no_remat),
+                      fallbacks=lambda: sorted(
+                          _verified_floor_contenders(found, flat_fn, avals, options),
+                          key=lambda p: p.no_remat),
                       no_remat=lambda peak: as_written_plan(found, options, peak),
                       by_hand=lambda peak: [per_layer_plan(found, options, peak, around)
                                             for around in (False, True)])
@@ -248,14 +248,17 @@ def _with_nesting(options: PlanOptions) -> PlanOptions:
     return dataclasses.replace(options, nested_scans=True, nested_segments=True)
 
 
-def _verified_floor_contenders(flat_fn: Callable, avals: Sequence, options: PlanOptions
-                               ) -> list[Plan]:
+def _verified_floor_contenders(found: Sequence[Candidate], flat_fn: Callable,
+                               avals: Sequence, options: PlanOptions) -> list[Plan]:
     """The contenders of the verified floor under ``options``, nested placements
     included: those a budget below the model's floor falls back on, so that a budget at
     the verified floor fits (eqx-mlp's nests, 270 MiB on TPU v5e, where the placements
-    without nesting compile at 397 MiB and more)."""
+    without nesting compile at 397 MiB and more). ``found``: the candidates of
+    ``options``, traced again with nesting only where they lack it."""
     nesting = _with_nesting(options)
-    return _floor_contenders(candidates(flat_fn, avals, nesting), nesting)
+    if nesting != options:
+        found = candidates(flat_fn, avals, nesting)
+    return _floor_contenders(found, nesting)
 
 
 def _floor_contenders(found: Sequence[Candidate], options: PlanOptions) -> list[Plan]:

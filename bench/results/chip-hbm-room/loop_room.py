@@ -33,8 +33,10 @@ def make(V, L, scan):
     return loss, (params, ids)
 
 def least_room(compiled, args):
+    """The least free MiB the step runs in, the MiB in use beside it then, and the error
+    the step gave one MiB below it."""
     device = jax.devices()[0]
-    in_use = {}
+    in_use, errors = {}, {}
     def runs(room):
         stats = device.memory_stats()
         in_use[room] = stats["bytes_in_use"] / MiB
@@ -44,25 +46,31 @@ def least_room(compiled, args):
             jax.block_until_ready(compiled(*args)); return True
         except (jax.errors.JaxRuntimeError, ValueError) as e:
             if "RESOURCE_EXHAUSTED" not in str(e): raise
-            return False
+            errors[room] = str(e)[:400]; return False
         finally:
             del filler
     ma = compiled.memory_analysis()
-    lo, hi = 0, int((ma.output_size_in_bytes + ma.temp_size_in_bytes) / MiB) + 128
+    lo, hi = 0, int((ma.output_size_in_bytes + ma.temp_size_in_bytes) / MiB) + 160
     assert runs(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if runs(mid) else (mid, hi)
-    return hi, in_use[hi]
+    return hi, in_use[hi], errors.get(lo)
 
-for spec in sys.argv[1:]:
-    V, L, mode = spec.split(":")
-    loss, args = make(int(V), int(L), mode == "scan")
-    compiled = jax.jit(jax.grad(loss)).lower(*args).compile()
-    jax.block_until_ready(compiled(*args))
-    room, in_use = least_room(compiled, args)
-    ma = compiled.memory_analysis()
-    print(json.dumps({"spec": spec, "compiler_peak": ma.peak_memory_in_bytes / MiB,
-        "args": ma.argument_size_in_bytes / MiB, "outs": ma.output_size_in_bytes / MiB,
-        "temp": ma.temp_size_in_bytes / MiB, "least_room": room, "in_use": in_use}), flush=True)
-    jax.clear_caches()
+
+def main(specs):
+    for spec in specs:
+        V, L, mode = spec.split(":")
+        loss, args = make(int(V), int(L), mode == "scan")
+        compiled = jax.jit(jax.grad(loss)).lower(*args).compile()
+        jax.block_until_ready(compiled(*args))
+        room, in_use, _ = least_room(compiled, args)
+        ma = compiled.memory_analysis()
+        print(json.dumps({"spec": spec, "compiler_peak": ma.peak_memory_in_bytes / MiB,
+            "args": ma.argument_size_in_bytes / MiB, "outs": ma.output_size_in_bytes / MiB,
+            "temp": ma.temp_size_in_bytes / MiB, "least_room": room, "in_use": in_use}), flush=True)
+        jax.clear_caches()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
