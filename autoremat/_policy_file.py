@@ -28,7 +28,8 @@ Format (version 2; :data:`SCHEMA` is the JSON Schema)::
      "offload": null or {"host_budget", "target", "overlap", "host_bandwidth",
                  "peak_flops", "regions", "scan_buffers"} (autoremat.OffloadConfig),
      "decisions": [{"action", "source", "primitive", "shape", "dtype", "nbytes",
-                    "multiplicity", "recompute_flops", "occurrences", "of"}, ...]}
+                    "multiplicity", "recompute_flops", "occurrences", "of",
+                    "held_bytes" (optional: nbytes x multiplicity)}, ...]}
 
 Version 1 files still load: their ``program`` holds the placement's fields itself
 (``cuts``, and optionally ``scan_pieces``, ``scan_groups``, ``segment_group``), and
@@ -149,7 +150,7 @@ def _schema(version: int) -> dict[str, Any]:
                     ],
                 },
                 "of": _POSITIVE,
-            })},
+            }, {"held_bytes": _COUNT})},
         }),
     }
 
@@ -368,6 +369,7 @@ class PolicyFile:
                 "action": d.action, "source": d.site.source, "primitive": d.site.primitive,
                 "shape": list(d.site.shape), "dtype": d.site.dtype, "nbytes": d.nbytes,
                 "multiplicity": d.multiplicity, "recompute_flops": d.recompute_flops,
+                "held_bytes": d.held_bytes,
                 "occurrences": "all" if d.occurrences is None else list(d.occurrences),
                 "of": d.of,
             } for d in self.decisions],
@@ -390,7 +392,9 @@ class PolicyFile:
                 site=Site(d["source"], d["primitive"], tuple(d["shape"]), d["dtype"]),
                 occurrences=None if d["occurrences"] == "all" else tuple(d["occurrences"]),
                 of=d["of"], nbytes=d["nbytes"], multiplicity=d["multiplicity"],
-                recompute_flops=d["recompute_flops"]) for d in doc["decisions"]),
+                recompute_flops=d["recompute_flops"],
+                held_bytes=d.get("held_bytes", d["nbytes"] * d["multiplicity"]))
+                for d in doc["decisions"]),
             offload=None if doc["offload"] is None else OffloadConfig(**doc["offload"]))
 
 

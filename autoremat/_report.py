@@ -120,7 +120,7 @@ def _decision_table(decisions: Sequence[Decision], max_rows: int) -> list[str]:
     rows = []
     for d in decisions:
         save = d.action in ("save", "offload")  # bytes kept (on the device or the host)
-        nbytes = d.count * d.nbytes * (d.multiplicity if save else 1)
+        nbytes = d.count * (d.held_bytes if save else d.nbytes)
         value = d.site.array + (f" x{d.multiplicity}" if save and d.multiplicity > 1 else "")
         values = (str(d.of) if d.of == 1 else f"all {d.of}" if d.occurrences is None
                   else f"{d.count} of {d.of}")

@@ -60,6 +60,8 @@ class Decision:
       of: how many values the function makes at the site.
       nbytes: bytes of one instance of one value.
       multiplicity: instances kept per value if saved (a scan's length).
+      held_bytes: bytes one value takes saved: its ``multiplicity`` instances stacked as
+        JAX keeps them (:attr:`autoremat._graph.Value.held_bytes`).
       recompute_flops: FLOPs of recomputing one value in every iteration of its region.
     """
 
@@ -70,6 +72,7 @@ class Decision:
     nbytes: int
     multiplicity: int
     recompute_flops: int
+    held_bytes: int
 
     @property
     def count(self) -> int:
@@ -94,16 +97,16 @@ def decisions_of(graph: Graph, actions: Mapping[int, str]) -> tuple[Decision, ..
     for key, values in by_site.items():
         for k, v in enumerate(values):
             if v.id in actions:
-                group = (actions[v.id], key, v.multiplicity, flops[v.id])
+                group = (actions[v.id], key, v.multiplicity, v.held_bytes, flops[v.id])
                 groups.setdefault(group, []).append(k)
     decisions = []
-    for (act, key, multiplicity, recompute_flops), occurrences in groups.items():
+    for (act, key, multiplicity, held, recompute_flops), occurrences in groups.items():
         first, of = by_site[key][0], len(by_site[key])
         decisions.append(Decision(
             action=act, site=Site.of(first),
             occurrences=None if len(occurrences) == of else tuple(occurrences), of=of,
             nbytes=first.nbytes, multiplicity=multiplicity,
-            recompute_flops=int(recompute_flops)))
+            recompute_flops=int(recompute_flops), held_bytes=held))
     order = {v.id: i for i, v in enumerate(graph.values)}
     first_value = lambda d: order[by_site[d.site.key][(d.occurrences or (0,))[0]].id]
     return tuple(sorted(decisions, key=lambda d: (first_value(d), d.action)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Callable
 
 import autoremat_ilp as ilp
 import jax
@@ -18,6 +19,7 @@ from autoremat._layout import array_bytes
 from autoremat._placement import Placement
 from autoremat._planner import _candidates
 from autoremat._planner._floor import floor_plans
+from autoremat._sites import decisions_of
 from tests.models import MODELS, saved_residuals
 
 
@@ -105,25 +107,39 @@ def test_an_operation_whose_jvp_reads_its_output_has_that_output_saved():
     _assert_close(jax.grad(loss)(w, x), jax.grad(optimized)(w, x))
 
 
-@pytest.mark.parametrize("budget", [0.5, 1.0])
-def test_a_scans_saved_values_are_counted_stacked_as_jax_keeps_them(budget):
-    # A per-row norm statistic, saved in each of 3 iterations: one iteration's f32[2048,1]
-    # takes 8 KiB of tiles, but JAX keeps f32[3,2048,1], whose 3 rows pad to 4: 32 KiB,
-    # not 3 x 8.
+def _scan_with_a_row_statistic() -> tuple[Callable, tuple[jax.Array, jax.Array]]:
+    """A scan saving a per-row norm statistic in each of its iterations."""
     def loss(ws: jax.Array, x: jax.Array) -> jax.Array:
         def layer(h, w):
             y = jnp.tanh(jnp.tanh(h @ w) @ w)
             return y * jax.lax.rsqrt(jnp.sum(y * y, axis=-1, keepdims=True)), None
         return jnp.sum(jax.lax.scan(layer, x, ws)[0])
 
-    args = (jax.random.normal(jax.random.key(0), (6, 128, 128)) / 12,
-            jax.random.normal(jax.random.key(1), (2048, 128)))
+    return loss, (jax.random.normal(jax.random.key(0), (6, 128, 128)) / 12,
+                  jax.random.normal(jax.random.key(1), (2048, 128)))
+
+
+@pytest.mark.parametrize("budget", [0.5, 1.0])
+def test_a_scans_saved_values_are_counted_stacked_as_jax_keeps_them(budget):
+    # Saved in 3 iterations: one iteration's f32[2048,1] takes 8 KiB of tiles, but JAX
+    # keeps f32[3,2048,1], whose 3 rows pad to 4: 32 KiB, not 3 x 8.
+    loss, args = _scan_with_a_row_statistic()
     plan = autoremat.plan(loss, *args, budget=budget, layout="tiled")
     kept = [a for a, src in saved_residuals(plan.apply(loss), *args)
             if not src.startswith("from the argument")]
     assert any(a.shape[0] > 1 and sum(d > 1 for d in a.shape[1:]) < 2 for a in kept)
     assert plan.saved_bytes == sum(array_bytes(a.shape, a.dtype.itemsize, "tiled")
                                    for a in kept)
+
+
+def test_a_plans_saved_decisions_hold_its_saved_bytes():
+    """The report's and the policy file's rows count a scan's saved values stacked too."""
+    loss, args = _scan_with_a_row_statistic()
+    plan = autoremat.plan(loss, *args, budget=0.5, layout="tiled")
+    assert any(plan.graph.values[i].multiplicity > 1 for i in plan.saved)
+    decisions = decisions_of(plan.graph, plan.actions)
+    assert plan.saved_bytes == sum(d.count * d.held_bytes for d in decisions
+                                   if d.action == "save")
 
 
 def test_value_and_grad_under_jit_and_optimize():
