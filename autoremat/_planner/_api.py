@@ -210,9 +210,8 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
         return _under_the_verified_floor(floor, contenders, solve, compiled_peak)
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
                       options.refine_rounds,
-                      fallbacks=lambda: sorted(
-                          _verified_floor_contenders(found, flat_fn, avals, options),
-                          key=lambda p: p.no_remat),
+                      fallbacks=lambda: _verified_floor_contenders(found, flat_fn, avals,
+                                                                   options),
                       no_remat=lambda peak: as_written_plan(found, options, peak),
                       by_hand=lambda peak: [per_layer_plan(found, options, peak, around)
                                             for around in (False, True)])

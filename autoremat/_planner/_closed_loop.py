@@ -7,7 +7,7 @@ and learns from the compiler's peak. Each rule is a method of :class:`ClosedLoop
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from autoremat._budget import FLOOR, Budget, format_bytes
 from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError
@@ -63,12 +63,11 @@ class ClosedLoop:
       best: the plan that fit with the least recompute.
       tries, refines: compiles before a plan fit, and after.
       compiled: the decisions compiled so far.
-      fallbacks: the plans compiled in turn below the model's floor when its floor plan
-        does not fit, and those recomputing less than the first that fits, since the
-        model's error differs between them (the floor plans of
-        the placements near the least, then the plans a user tries by hand:
-        :func:`autoremat._planner._candidates.obvious_plans`, the function as written
-        last, the least likely to fit below the model's floor; each compiled once, the
+      fallbacks: the plans compiled with the model's floor plan, in order of recompute
+        up to the first that fits, below the model's floor or when no round's plan fit,
+        since the model's error differs between them (the floor plans of the placements
+        near the least, then the plans a user tries by hand:
+        :func:`autoremat._planner._candidates.obvious_plans`; each compiled once, the
         floor plan among them too): the contenders of :func:`verified_floor`, so that a
         budget at the verified floor fits whichever of them the floor plan is (under a
         time limit, a solve may differ from one call to the next).
@@ -117,8 +116,9 @@ class ClosedLoop:
         """A plan whose compiler peak fits ``budget``: the cheapest found within the rounds.
 
         When ``verify_rounds`` compiles fit nothing, the model's floor plan and the
-        ``fallbacks`` are compiled in turn before giving up (the model's plans near its
-        floor may all compile above a budget that the verified floor fits).
+        ``fallbacks`` are compiled in order of recompute before giving up (the model's
+        plans near its floor may all compile above a budget that the verified floor
+        fits).
 
         Raises:
           InfeasibleBudgetError: the budget is below the model's floor, and neither its
@@ -152,8 +152,8 @@ class ClosedLoop:
         return dataclasses.replace(self.best, verify_compiles=self.tries + self.refines)
 
     def after_the_rounds(self) -> None:
-        """No plan of the rounds fit: the first of the model's floor plan and the
-        ``fallbacks`` that fits is the best.
+        """No plan of the rounds fit: of the model's floor plan and the ``fallbacks``,
+        the one recomputing least that fits is the best.
 
         Raises:
           BudgetNotVerifiedError: none fits; the lowest compiler peak seen is the smallest
@@ -228,9 +228,9 @@ class ClosedLoop:
         """This round's plan and its compiler peak; ``None`` when refining has nothing
         cheaper left to try (or the model has no plan for the budget any more).
 
-        Below the model's floor, its floor plan (the one keeping the most room) may still
-        fit on the compiler, and where it does not, the ``fallbacks`` may (the first that
-        fits is this round's; those that do not are counted as tries). Since the
+        Below the model's floor, its floor plan (the one keeping the most room) or one of
+        the ``fallbacks`` may still fit on the compiler (the one recomputing least that
+        fits is this round's; those compiled before it are counted as tries). Since the
         compiler's peak is not monotone in the model's, a plan compiled in an earlier round
         may have come out lower, and the floor reported is the lowest compiled.
         """
@@ -253,32 +253,23 @@ class ClosedLoop:
         return plan, peak
 
     def _below_the_floor(self, floor: Plan) -> tuple[Plan, int]:
-        """Of the model's ``floor`` plan and the ``fallbacks``, the one the compiler fits
-        recomputing least, and its peak: the first that fits, unless one after it that
-        recomputes less fits too (those are compiled in order of recompute, up to the
-        first that fits: below the model's floor its error differs most between plans; a
-        Flax NNX transformer's nested floor fits 106 MiB recomputing 30.5%, and its one
-        remat per layer with the code around the layers in checkpoints too, compiled
-        after it, fits recomputing 25.4%). A plan compiled already (in a round, or as
-        the floor plan) is not compiled again.
+        """Of the model's ``floor`` plan and the ``fallbacks``, the one recomputing least
+        that fits on the compiler, and its peak: they are compiled in order of recompute up
+        to the first that fits. Below the model's floor its error differs most between
+        plans (a Flax NNX transformer at 106 MiB on TPU v5e: its nested floor, recomputing
+        30.5%, fits, and so does one remat per layer with the code around the layers in
+        checkpoints too, recomputing 25.4%; its floor plan does not). A plan compiled
+        already (in a round) is not compiled again.
 
         Raises:
           InfeasibleBudgetError: none fits; the lowest compiler peak seen is the floor.
         """
         assert self.budget_bytes is not None  # set by the caller
-
-        def plans() -> Iterator[Plan]:  # the fallbacks made only if needed
-            yield floor
-            yield from self.fallbacks()
-
-        rest = plans()
-        fit = self._first_fitting(rest)
+        fit = self._first_fitting(sorted([floor, *self.fallbacks()], key=recompute_cost))
         if fit is None:
             assert self.lowest_peak is not None  # learnt above
             raise InfeasibleBudgetError(self.budget_bytes, self.lowest_peak) from None
-        cheaper = sorted((p for p in rest if recompute_cost(p) < recompute_cost(fit[0])),
-                         key=recompute_cost)
-        return self._first_fitting(cheaper) or fit
+        return fit
 
     def _first_fitting(self, plans: Iterable[Plan]) -> tuple[Plan, int] | None:
         """The first of ``plans`` not compiled yet that fits the budget, and its peak;
