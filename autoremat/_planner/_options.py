@@ -40,7 +40,10 @@ class PlanOptions:
         ``None``; ``"auto"`` (default) is resolved on construction to this process's
         accelerator (:func:`autoremat.local_target`: ``None`` on a CPU).
       verify_rounds: the most compiles before a plan fits.
-      refine_rounds: the most compiles spent on cheaper plans once one fits.
+      refine_rounds: the most compiles spent on cheaper plans once one fits. Each
+        solves where the straight line through the model's and the compiler's peaks of
+        the best plan and of the plan just above it that did not fit meets the budget
+        (less 1% of it), where a plan did not fit; else by the placement's errors.
       offload: an :class:`autoremat.OffloadConfig`, or ``None`` for no offload.
       progress: ``progress(elapsed_s, best, bound)``, called while the solver searches.
       op_times: measured operation times (:func:`autoremat.measure_op_times`), or
