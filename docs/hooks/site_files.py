@@ -47,7 +47,7 @@ EXTERNAL = {
                       "no-remat-default-compile/*", "zoo-default-compile/*",
                       "chip-hbm-room/*", "corpus-device-memory/*",
                       "corpus-no-verify-device-memory/**/*",
-                      "corpus-device-memory-sweep/**/*",
+                      "corpus-device-memory-sweep/**/*", "zoo-device-memory-sweep/*",
                       "fidelity-device-memory/**/*"),
     "solvers/bench/results": ("*.md", "*.png", "*.json", "exact/**/*.md", "exact/**/*.png",
                               "exact/**/*.json", "zoo/*.md", "zoo/*.png", "zoo/*.json"),
