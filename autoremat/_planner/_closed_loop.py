@@ -134,7 +134,7 @@ class ClosedLoop:
         """
         model_budget = budget
         while self.rounds_left():
-            round_ = self.plan_round(*self.next_solve(model_budget))
+            round_ = self.plan_round(model_budget)
             if round_ is None:
                 break
             plan, peak = round_
@@ -262,10 +262,10 @@ class ClosedLoop:
         target = int(low + (aim - low_peak) * (high - low) / (high_peak - low_peak))
         return target if target > low else None
 
-    def plan_round(self, model_budget: Budget, margins: Margins | None = None
-                   ) -> tuple[Plan, int] | None:
-        """This round's plan and its compiler peak; ``None`` when refining has nothing
-        cheaper left to try (or the model has no plan for the budget any more).
+    def plan_round(self, model_budget: Budget) -> tuple[Plan, int] | None:
+        """This round's plan (solved as :meth:`next_solve` says) and its compiler peak;
+        ``None`` when refining has nothing cheaper left to try (or the model has no plan
+        for the budget any more).
 
         Below the model's floor, its floor plan (the one keeping the most room) or one of
         the ``fallbacks`` may still fit on the compiler (the one recomputing least that
@@ -273,10 +273,8 @@ class ClosedLoop:
         compiler's peak is not monotone in the model's, a plan compiled in an earlier round
         may have come out lower, and the floor reported is the lowest compiled.
         """
-        if margins is None:
-            margins = Margins(dict(self.margins), self.unknown_margin)
         try:
-            plan = self.solve(model_budget, margins)
+            plan = self.solve(*self.next_solve(model_budget))
         except InfeasibleBudgetError as e:
             if self.best is not None:
                 return None

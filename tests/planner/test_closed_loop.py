@@ -38,6 +38,26 @@ def _loop(solve, compiled, verify_rounds=4, refine_rounds=0):
     return ClosedLoop(solve, compiled, "tpu-v5e", verify_rounds, refine_rounds)
 
 
+def _below_the_model_floor(floor):
+    """A solve for which every budget is below the model's floor, ``floor`` its floor plan."""
+    def solve(budget, margins):
+        if budget != "floor":
+            raise autoremat.InfeasibleBudgetError(BUDGET, BUDGET + 1)
+        return floor
+
+    return solve
+
+
+def _recording(peaks, compiled):
+    """A compiler whose peak of a plan is ``peaks`` of its recompute FLOPs; appends each
+    plan's recompute FLOPs to ``compiled``."""
+    def compiled_peak(p):
+        compiled.append(p.recompute_flops)
+        return peaks[p.recompute_flops]
+
+    return compiled_peak
+
+
 def test_rounds_left_counts_verify_rounds_until_a_fit_then_refine_rounds(base):
     loop = _loop(None, None, verify_rounds=2, refine_rounds=1)
     assert loop.rounds_left()
@@ -97,22 +117,19 @@ def test_exceeded_while_refining_goes_halfway_back_to_what_the_error_allows(base
 
 def test_plan_round_stops_refining_when_nothing_cheaper_is_left(base):
     cheap = _plan(base, BUDGET, 5)
+    fit = lambda flops: dataclasses.replace(_plan(base, BUDGET, flops),  # noqa: E731
+                                            verified_peak_bytes=BUDGET)  # as fitted() keeps it
     loop = _loop(lambda budget, margins: cheap, lambda p: BUDGET)
-    loop.budget_bytes, loop.best = BUDGET, _plan(base, BUDGET, 5)
+    loop.budget_bytes, loop.best = BUDGET, fit(5)
     assert loop.plan_round(BUDGET) is None  # not cheaper than the best
-    loop.best = _plan(base, BUDGET, 9)
+    loop.best = fit(9)
     assert loop.plan_round(BUDGET) == (cheap, BUDGET)
     assert loop.plan_round(BUDGET) is None  # already compiled
 
 
 def test_plan_round_below_the_model_floor_compiles_the_floor_plan(base):
-    floor = _plan(base, BUDGET, 50)
-
-    def solve(budget, margins):
-        if budget != "floor":
-            raise autoremat.InfeasibleBudgetError(BUDGET, BUDGET + 1)
-        return floor
-
+    solve = _below_the_model_floor(_plan(base, BUDGET, 50))
+    floor = solve("floor", Margins())
     assert _loop(solve, lambda p: BUDGET - 5).plan_round(BUDGET) == (floor, BUDGET - 5)
     loop = _loop(solve, lambda p: BUDGET + 7)
     loop.lowest_peak = BUDGET + 3  # an earlier round came out lower
@@ -126,17 +143,9 @@ def test_plan_round_below_the_model_floor_then_compiles_the_fallbacks(base):
     floor, no_remat, per_layer = (_plan(base, BUDGET, f, saved=frozenset({f}))
                                   for f in (50, 0, 40))
     peaks = {50: BUDGET + 9, 0: BUDGET + 2, 40: BUDGET - 1}
-
-    def solve(budget, margins):
-        if budget != "floor":
-            raise autoremat.InfeasibleBudgetError(BUDGET, BUDGET + 1)
-        return floor
-
-    def fallbacks():
-        return [no_remat, per_layer]
-
-    loop = dataclasses.replace(_loop(solve, lambda p: peaks[p.recompute_flops]),
-                               fallbacks=fallbacks)
+    loop = dataclasses.replace(_loop(_below_the_model_floor(floor),
+                                     lambda p: peaks[p.recompute_flops]),
+                               fallbacks=lambda: [no_remat, per_layer])
     assert loop.plan_round(BUDGET) == (per_layer, BUDGET - 1)
     assert loop.tries == 2 and loop.lowest_peak == BUDGET - 1  # no remat, then it
     peaks[40] = BUDGET + 5
@@ -154,16 +163,7 @@ def test_below_the_model_floor_the_fallbacks_are_compiled_in_order_of_recompute(
                                           for f in (50, 60, 40, 0))
     peaks = {50: BUDGET + 9, 60: BUDGET - 2, 40: BUDGET - 1, 0: BUDGET + 2, 70: BUDGET - 3}
     compiled = []
-
-    def solve(budget, margins):
-        if budget != "floor":
-            raise autoremat.InfeasibleBudgetError(BUDGET, BUDGET + 1)
-        return floor
-
-    def compiled_peak(p):
-        compiled.append(p.recompute_flops)
-        return peaks[p.recompute_flops]
-
+    solve, compiled_peak = _below_the_model_floor(floor), _recording(peaks, compiled)
     loop = dataclasses.replace(_loop(solve, compiled_peak),
                                fallbacks=lambda: [nested, per_layer, no_remat])
     assert loop.plan_round(BUDGET) == (per_layer, BUDGET - 1)
@@ -179,17 +179,9 @@ def test_below_the_model_floor_the_fallbacks_are_compiled_in_order_of_recompute(
 def test_below_the_model_floor_each_fallback_is_compiled_once_the_floor_plan_among_them(base):
     floor, per_layer = (_plan(base, BUDGET, f, saved=frozenset({f})) for f in (50, 40))
     compiled = []
-
-    def solve(budget, margins):
-        if budget != "floor":
-            raise autoremat.InfeasibleBudgetError(BUDGET, BUDGET + 1)
-        return floor
-
-    def compiled_peak(p):
-        compiled.append(p.recompute_flops)
-        return {50: BUDGET + 9, 40: BUDGET + 1}[p.recompute_flops]
-
-    loop = dataclasses.replace(_loop(solve, compiled_peak), fallbacks=lambda: [floor, per_layer])
+    compiled_peak = _recording({50: BUDGET + 9, 40: BUDGET + 1}, compiled)
+    loop = dataclasses.replace(_loop(_below_the_model_floor(floor), compiled_peak),
+                               fallbacks=lambda: [floor, per_layer])
     with pytest.raises(autoremat.InfeasibleBudgetError):
         loop.plan_round(BUDGET)
     assert compiled == [40, 50]
@@ -263,13 +255,8 @@ def test_no_plan_is_compiled_twice_for_one_budget(base):
     as_written = dataclasses.replace(_plan(base, BUDGET, 0), no_remat=True)
     peaks = {60: BUDGET + 3, 50: BUDGET + 1, 0: BUDGET + 2, 40: BUDGET - 1}
     compiled = []
-
-    def compiled_peak(p):
-        compiled.append(p.recompute_flops)
-        return peaks[p.recompute_flops]
-
     solve = lambda budget, margins: floor if budget == "floor" else rounds  # noqa: E731
-    loop = dataclasses.replace(_loop(solve, compiled_peak, verify_rounds=1),
+    loop = dataclasses.replace(_loop(solve, _recording(peaks, compiled), verify_rounds=1),
                                fallbacks=lambda: [rounds, as_written, per_layer],
                                no_remat=lambda peak: as_written)
     plan = loop.run(BUDGET)
