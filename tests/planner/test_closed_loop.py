@@ -247,6 +247,28 @@ def test_run_out_of_rounds_compiles_the_floor_plan_and_the_fallbacks(base):
     assert loop.run(BUDGET).recompute_flops == 50
 
 
+def test_out_of_rounds_the_plan_under_twice_the_largest_error_comes_before_the_floor(base):
+    """The model's error differs several times over between plans (a Llama-style decoder
+    of 12 unrolled layers at 3870 MiB on TPU v5e): when no round's plan fits, the plan for
+    the budget less twice the largest error is compiled before the floor plan, which
+    recomputes far more."""
+    floor = _plan(base, BUDGET // 2, 50, saved=frozenset({50}))
+    error = 10 * 2**20
+
+    def solve(budget, margins):
+        if budget == "floor":
+            return floor
+        return _plan(base, budget - 1, 1 if budget == BUDGET else 5, saved=frozenset({budget}))
+
+    compiled = []
+    peaks = {1: BUDGET + error - 1, 5: BUDGET - 3 * error, 50: BUDGET // 2}
+    loop = _loop(solve, _recording(peaks, compiled), verify_rounds=1)
+    plan = loop.run(BUDGET)
+    assert compiled == [1, 5] and plan.recompute_flops == 5
+    assert plan.peak_bytes == BUDGET - 2 * error - MARGIN_BYTES - 1
+    assert plan.verify_compiles == 2
+
+
 def test_no_plan_is_compiled_twice_for_one_budget(base):
     """A round's plan among the fallbacks, and the function as written compiled among them
     before a fallback fit, are not compiled again (each would count as a compile)."""
