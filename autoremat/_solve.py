@@ -49,8 +49,9 @@ cotangents and its recomputed values, and the saved values larger than a gradien
 size, less the bytes of the gradients larger than that size written at the region's
 backward or later (a region's saved values live to its backward, so a buffer an earlier
 backward writes holds its gradient already), and, a buffer holding one value at a time,
-again with each value and each buffer counted at most ``t`` bytes for each size ``t`` of
-those values (:meth:`Graph.reserved_room`). A stage's bytes are the largest of the
+again with each value that fits in a buffer and each buffer counted at most ``t`` bytes
+for each size ``t`` of those values, those that fit in none whole
+(:meth:`Graph.reserved_room`). A stage's bytes are the largest of the
 bounds (on a 32-layer MLP whose 16 MiB hidden activations do not fit in its 8 MiB weight
 gradients, the bound is the compiler's peak within 1%; on a Flax transformer encoder
 whose 4 MiB residual stream fits in its 8 MiB embedding gradient alone, counting the room
@@ -125,7 +126,7 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
     held = graph.array("held_bytes")
     in_scan = np.array([r.kind == "scan" for r in graph.regions])[graph.array("region")]
     reserved_base, reserved_forward_base = graph.reserved_base_bytes()
-    masks, caps, room = graph.reserved_room(held) if graph.grad_bytes else (None,) * 3
+    masks, caps, room, fits = graph.reserved_room(held) if graph.grad_bytes else (None,) * 4
     problem = ilp.Problem(
         cost=((graph.recompute_flops() if op_times is None else
                recompute_costs(graph, op_times)) + graph.iterations() * (1 + moved)).astype(float),
@@ -150,6 +151,7 @@ def problem_of(graph: Graph, op_times: OpTimes | None = None,
         unshared=masks,
         reserved_room=room,
         reserved_cap=caps,
+        reserved_fit=fits,
         nest=np.array([r.nest for r in graph.regions]) if nested.any() else None,
         released=released if (released != region).any() else None,
     )
@@ -315,7 +317,8 @@ def unshared(problem: ilp.Problem) -> ilp.Problem:
     if problem.unshared is None:
         return problem
     return dataclasses.replace(problem, unshared=np.ones((1, problem.num_values), bool),
-                               reserved_room=np.zeros(1, np.int64), reserved_cap=None)
+                               reserved_room=np.zeros(1, np.int64), reserved_cap=None,
+                               reserved_fit=None)
 
 
 def evaluate(graph: Graph, problem: ilp.Problem, save: np.ndarray, recompute: np.ndarray,

@@ -49,8 +49,8 @@ def test_a_regions_saved_values_share_only_the_gradients_written_at_its_backward
     # Values larger than x's gradient fit in w1's and w2's: at region 0's stages only in
     # w1's, at region 1's in both.
     held = x.nbytes + 1
-    masks, caps, room = graph.reserved_room(np.full(len(graph.values), held))
-    assert masks[-2:].all() and caps[-1] == held
+    masks, caps, room, fits = graph.reserved_room(np.full(len(graph.values), held))
+    assert masks[-2:].all() and caps[-1] == held and fits[-1] == max(w1.nbytes, w2.nbytes)
     assert room[-2].tolist() == [w1.nbytes, w1.nbytes + w2.nbytes]
     # A buffer holds one value at a time: of each, the value's bytes at most.
     assert room[-1].tolist() == [held, 2 * held]

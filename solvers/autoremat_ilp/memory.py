@@ -35,6 +35,8 @@ buffer holds one value at a time: with a cap ``reserved_cap[k] = t`` each value 
 at most ``t`` bytes and the room is at most ``t`` per buffer, a lower bound on the
 stage whatever value each buffer holds; over the values' sizes ``t``, the largest of
 these bounds is the stage's bytes when the buffers the values fit in are of one size.
+A value larger than the bound's largest buffer (``reserved_fit[k]``) takes no room and
+counts whole, capped or not.
 """
 
 from __future__ import annotations

@@ -67,7 +67,8 @@ class Problem:
       offload_backward: bytes an offloaded value adds to its region's backward stage.
       host_budget: most bytes offloaded values may occupy in host memory (an offloaded
         value takes ``held[v]`` there).
-      reserved_base, reserved_forward_base, unshared, reserved_room, reserved_cap: the
+      reserved_base, reserved_forward_base, unshared, reserved_room, reserved_cap,
+        reserved_fit: the
         further bounds on each stage (reserved buffers,
         :func:`autoremat_ilp.memory.stage_bytes`): its bytes whatever the plan, with the
         reserved buffers, at each backward and forward stage; ``unshared``, a mask over
@@ -77,7 +78,10 @@ class Problem:
         ``reserved_cap``, per bound, the most bytes one value counts in it (``(K,)``;
         ``None``: no cap): a reserved buffer holds one value at a time, so with a cap
         ``t`` each buffer's room is at most ``t`` and each value's bytes beyond ``t``
-        may be left out. ``None`` (the default): no further bound.
+        may be left out; ``reserved_fit``, per bound, the bytes of the largest reserved
+        buffer its values may share (``(K,)``; ``None``: no limit): a value of more
+        bytes shares none and counts whole, capped or not. ``None`` (the default): no
+        further bound.
       nest: per region, the nested group it belongs to (``-1``: none); ``None`` (the
         default): no nesting.
       released: per value, the region at whose backward stage a saved value is freed, at
@@ -138,6 +142,7 @@ class Problem:
     unshared: np.ndarray | None = None
     reserved_room: np.ndarray | None = None
     reserved_cap: np.ndarray | None = None
+    reserved_fit: np.ndarray | None = None
     nest: np.ndarray | None = None
     released: np.ndarray | None = None
 
@@ -157,11 +162,18 @@ class Problem:
         room = np.zeros(K, np.int64) if self.reserved_room is None \
             else np.asarray(self.reserved_room, np.int64)
         room = np.broadcast_to(room.reshape(K, -1), (K, self.num_regions))
-        caps = np.full(K, NO_CAP) if self.reserved_cap is None \
-            else np.asarray(self.reserved_cap, np.int64)
-        return [ReservedBound(np.where(m, np.minimum(self.held, c), 0),
-                              np.where(m, np.minimum(self.forward_held, c), 0), r)
-                for m, r, c in zip(masks, room, caps, strict=True)]
+        caps, fits = (np.full(K, NO_CAP) if a is None else np.asarray(a, np.int64)
+                      for a in (self.reserved_cap, self.reserved_fit))
+        return [ReservedBound(self._counted(self.held, m, c, f),
+                              self._counted(self.forward_held, m, c, f), r)
+                for m, r, c, f in zip(masks, room, caps, fits, strict=True)]
+
+    def _counted(self, nbytes: np.ndarray, mask: np.ndarray, cap: int, fit: int
+                 ) -> np.ndarray:
+        """The bytes each value of ``mask`` counts in a bound of cap ``cap`` whose
+        largest reserved buffer is ``fit`` bytes: at most ``cap`` where it fits in one,
+        whole where it fits in none; 0 outside ``mask``."""
+        return np.where(mask, np.where(self.held > fit, nbytes, np.minimum(nbytes, cap)), 0)
 
     def lazy_bounds(self) -> np.ndarray:
         """Which further stage bounds have a cap (``reserved_cap``): the solves leave
@@ -181,10 +193,13 @@ class Problem:
         def kept(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else np.asarray(a).reshape(K, -1)[keep]
 
+        def per_bound(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else np.asarray(a)[keep]
+
         return dataclasses.replace(self, unshared=np.atleast_2d(self.unshared)[keep],
                                    reserved_room=kept(self.reserved_room),
-                                   reserved_cap=None if self.reserved_cap is None
-                                   else np.asarray(self.reserved_cap)[keep])
+                                   reserved_cap=per_bound(self.reserved_cap),
+                                   reserved_fit=per_bound(self.reserved_fit))
 
     @functools.cached_property
     def adjacency(self) -> Adjacency:

@@ -4,6 +4,7 @@ import dataclasses
 
 import autoremat_ilp as ilp
 import numpy as np
+from autoremat_ilp.memory import reserved_peaks
 from autoremat_ilp.problem import NO_CAP
 
 from tests.ilp.examples import chain, released, three_way, two_regions
@@ -32,6 +33,29 @@ def test_saved_values_pack_into_the_room_of_the_reserved_buffers_they_fit_in():
         assert solution.save is not None and solution.recompute is not None
         assert solution.peak == ilp.evaluate(problem, solution.save, solution.recompute)[1]
         assert solution.peak <= budget
+
+
+def test_a_value_larger_than_every_reserved_buffer_counts_whole_in_a_capped_bound():
+    """A 30-byte value fits in no 20-byte reserved buffer: capped at 10 bytes, the bound
+    counts it whole and the 10-byte value beside it at most 10 (the zoo's MLP: its 16 MiB
+    hidden activations fit in none of its 8 MiB weight gradients)."""
+    cap = dataclasses.replace(two_regions(np.array([[True, True], [True, True]])),
+                              held=np.array([30, 10]), transient=np.array([30, 10]),
+                              base=np.array([0, 0]),
+                              reserved_base=np.array([20, 20]),
+                              reserved_room=np.array([20, 10]),
+                              reserved_cap=np.array([NO_CAP, 10]))
+    save = np.array([True, True])
+    # Second region's backward: 20 + 30 + 10 - 20 uncapped, 20 + 10 + 10 - 10 capped.
+    assert reserved_peaks(cap, save, ~save) == [40, 30]
+    fit = dataclasses.replace(cap, reserved_fit=np.array([20, 20]))
+    # Capped, the 30-byte value counts whole: 20 + 30 + 10 - 10.
+    assert reserved_peaks(fit, save, ~save) == [40, 50]
+    assert ilp.evaluate(fit, save, ~save)[1] == 50
+    assert fit.with_bounds(np.array([False, True])).reserved_fit.tolist() == [20]
+    solution = ilp.solve(fit, 45)
+    assert solution.save is not None and solution.recompute is not None
+    assert solution.peak == ilp.evaluate(fit, solution.save, solution.recompute)[1] <= 45
 
 
 def test_a_reserved_buffer_holds_one_saved_value_at_a_time():
