@@ -53,7 +53,7 @@ again with each value that fits in a buffer and each buffer counted at most ``t`
 for each size ``t`` of those values, those that fit in none whole
 (:meth:`Graph.reserved_room`). A stage's bytes are the largest of the
 bounds (on a 32-layer MLP whose 16 MiB hidden activations fit in none of its 8 MiB weight
-gradients, plans recomputing 4-12% are within 1.4% of their device memory, where
+gradients, plans recomputing 4-13% are within 1.4% of their device memory, where
 capping those activations too put them 7-11% under; on a Flax transformer encoder
 whose 4 MiB residual stream fits in its 8 MiB embedding gradient alone, counting the room
 of the buffers a value fits in took its floor plan's predicted peak from 23% under the

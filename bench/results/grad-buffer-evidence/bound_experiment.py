@@ -3,7 +3,9 @@ library as it was, its capped bounds evaluated as they were ("old") and with a v
 larger than every gradient buffer of a bound counted whole ("new"), beside its device
 memory on TPU v5e (ahead of time). Usage: bound_experiment.py MODEL BUDGET_MIB|floor...
 (PYTHONPATH=.:solvers, AUTOREMAT_MEASURE_CACHE for the compiles). At ff8a8a7 and after,
-the "old" column includes the rule already."""
+the "old" column includes the rule already. It runs on the library of 76bc91b, which has
+no Problem.reserved_fit, so largest_per_bound repeats Graph.reserved_room's loop there;
+on ff8a8a7 and after, a bound's largest buffer is reserved_room's fourth result."""
 import sys
 
 import autoremat_ilp as ilp
