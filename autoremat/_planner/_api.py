@@ -208,10 +208,13 @@ def plan_with(fn: Callable, args: tuple, kwargs: dict, budget: Budget, options: 
         contenders = _floor_contenders(found, options)
         floor = verified_floor(contenders, compiled_peak, options.verify)
         return _under_the_verified_floor(floor, contenders, solve, compiled_peak)
+    nesting = _with_nesting(options)
+    nested = functools.cache(lambda: _nesting_candidates(found, flat_fn, avals, options))
     loop = ClosedLoop(solve, compiled_peak, options.verify, options.verify_rounds,
                       options.refine_rounds,
-                      fallbacks=lambda: _verified_floor_contenders(found, flat_fn, avals,
-                                                                   options),
+                      fallbacks=lambda: _floor_contenders(nested(), nesting),
+                      solve_nesting=lambda b, m: _solver(nested(), nesting,
+                                                         time.perf_counter())(b, m),
                       no_remat=lambda peak: as_written_plan(found, options, peak),
                       by_hand=lambda peak: [per_layer_plan(found, options, peak, around)
                                             for around in (False, True)])
@@ -247,17 +250,15 @@ def _with_nesting(options: PlanOptions) -> PlanOptions:
     return dataclasses.replace(options, nested_scans=True, nested_segments=True)
 
 
-def _verified_floor_contenders(found: Sequence[Candidate], flat_fn: Callable,
-                               avals: Sequence, options: PlanOptions) -> list[Plan]:
-    """The contenders of the verified floor under ``options``, nested placements
-    included: those a budget below the model's floor falls back on, so that a budget at
-    the verified floor fits (eqx-mlp's nests, 270 MiB on TPU v5e, where the placements
-    without nesting compile at 397 MiB and more). ``found``: the candidates of
-    ``options``, traced again with nesting only where they lack it."""
+def _nesting_candidates(found: Sequence[Candidate], flat_fn: Callable, avals: Sequence,
+                        options: PlanOptions) -> Sequence[Candidate]:
+    """The candidates of ``options`` with nested placements (``found``, the candidates of
+    ``options``, traced again only where they lack them): a budget below the model's floor
+    falls back on their floor contenders, so that a budget at the verified floor fits
+    (eqx-mlp's nests, 270 MiB on TPU v5e, where the placements without nesting compile at
+    397 MiB and more), and a nested fallback that fits is refined among them."""
     nesting = _with_nesting(options)
-    if nesting != options:
-        found = candidates(flat_fn, avals, nesting)
-    return _floor_contenders(found, nesting)
+    return found if nesting == options else candidates(flat_fn, avals, nesting)
 
 
 def _floor_contenders(found: Sequence[Candidate], options: PlanOptions) -> list[Plan]:

@@ -43,7 +43,9 @@ class PlanOptions:
       refine_rounds: the most compiles spent on cheaper plans once one fits. Each
         solves where the straight line through the model's and the compiler's peaks of
         the best plan and of the plan just above it that did not fit meets the budget
-        (less 1% of it), where a plan did not fit; else by the placement's errors.
+        (less 1% of it), where a plan did not fit; else by the placement's errors. One
+        more where the plan that fit leaves more than a tenth of the budget unused while
+        recomputing more than a tenth of the step.
       offload: an :class:`autoremat.OffloadConfig`, or ``None`` for no offload.
       progress: ``progress(elapsed_s, best, bound)``, called while the solver searches.
       op_times: measured operation times (:func:`autoremat.measure_op_times`), or

@@ -63,10 +63,25 @@ def test_rounds_left_counts_verify_rounds_until_a_fit_then_refine_rounds(base):
     assert loop.rounds_left()
     loop.tries = 2
     assert not loop.rounds_left()
-    loop.best = _plan(base, BUDGET, 0)
+    loop.budget_bytes = BUDGET
+    loop.best = dataclasses.replace(_plan(base, BUDGET, 0), verified_peak_bytes=BUDGET)
     assert loop.rounds_left()
     loop.refines = 1
     assert not loop.rounds_left()
+
+
+def test_a_plan_that_fits_far_below_the_budget_recomputing_much_gets_one_more_round(base):
+    loop = _loop(None, None, refine_rounds=0)
+    loop.budget_bytes, loop.tries = BUDGET, 1
+    costly = int(2 * LITTLE_RECOMPUTE * base.step_flops)
+    roomy = int((1 - ROOM_LEFT) * BUDGET) - 1
+    for flops, peak, more in ((costly, roomy, True), (costly, roomy + 2, False),
+                              (int(LITTLE_RECOMPUTE * base.step_flops) // 2, roomy, False)):
+        loop.best = dataclasses.replace(_plan(base, BUDGET, flops), verified_peak_bytes=peak)
+        loop.refines = 0
+        assert loop.rounds_left() is more
+        loop.refines = 1
+        assert not loop.rounds_left()
 
 
 def test_learn_counts_the_compile_and_keeps_the_largest_error(base):
@@ -384,3 +399,31 @@ def test_a_fitting_plan_gives_way_to_a_cheaper_one_by_hand_that_fits_too(base):
     peaks[costly - 2] = BUDGET + 1  # compiled, does not fit: the solved plan stands
     plan, compiled = run(near)
     assert plan.recompute_flops == costly and len(compiled) == 2
+
+
+def test_a_nested_fallback_that_fits_far_below_the_budget_is_refined_among_nested_placements(
+        base):
+    """eqx-mlp at 355 MiB on TPU v5e: below the model's floor of the placements without
+    nesting, its nested floor fits at 270.3 MiB recomputing 48.9%; solved again among the
+    nested placements by that plan's error, a plan recomputing 33.4% fits at 332.2 MiB."""
+    step = base.step_flops
+    nested = dataclasses.replace(A, segment_group=2)
+    floor = _plan(base, BUDGET + 50, int(0.5 * step), saved=frozenset({1}))
+    nested_floor = _plan(base, BUDGET - 10, int(0.45 * step), nested, frozenset({2}))
+    refined = _plan(base, BUDGET + 20, int(0.3 * step), nested, frozenset({3}))
+    peaks = {floor.recompute_flops: BUDGET + 5, nested_floor.recompute_flops: BUDGET // 2,
+             refined.recompute_flops: BUDGET - 3}
+    asked = []
+
+    def solve_nesting(budget, margins):
+        asked.append(budget - margins.of(nested))  # the model budget it solves
+        return refined
+
+    loop = dataclasses.replace(
+        _loop(_below_the_model_floor(floor), lambda p: peaks[p.recompute_flops]),
+        fallbacks=lambda: [nested_floor], solve_nesting=solve_nesting)
+    plan = loop.run(BUDGET)
+    assert plan.recompute_flops == refined.recompute_flops
+    assert plan.verified_peak_bytes == BUDGET - 3 and plan.verify_compiles == 2  # not the floor
+    # Solved by the nested floor's error: the compiler put it 40% of the budget lower.
+    assert asked == [BUDGET - (BUDGET // 2 - (BUDGET - 10) + MARGIN_BYTES)]
