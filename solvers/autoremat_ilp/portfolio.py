@@ -202,6 +202,12 @@ def _cut_off(bound: float, start: float) -> Solution:
                     time.perf_counter() - start)
 
 
+# Solves at a budget lowered by the excess of the plan over it, doubled each time: the
+# solver's plans may exceed the budget by its feasibility tolerance (a budget one byte
+# below the least peak: each plan at the least peak).
+OVER_BUDGET_RETRIES = 8
+
+
 def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
                          node_limit: int | None, relative_gap: float, backend: str,
                          progress: Progress | None, cutoff: float | None,
@@ -219,7 +225,7 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
         if before is not None and before.save is not None:
             best = _cheaper(problem, fitted(problem, budget, before.save), best, cutoff)
         margin = 0
-        for _ in range(4):
+        for _ in range(OVER_BUDGET_RETRIES):
             model = build_model(sub, budget - margin)
             res = _solution(sub, model, solve_milp(
                 model.milp, backend=backend, time_limit_s=_left(time_limit_s, start),
@@ -229,8 +235,10 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
             # The solver's feasibility tolerance is relative; the exact peak decides.
             if res.save is None or res.peak <= budget:
                 return res
-            margin += res.peak - budget
-        raise RuntimeError("solver kept returning plans over the budget")
+            margin = max(2 * margin, margin + res.peak - budget)
+        # Within the tolerance of the least peak: no plan within the budget was found.
+        return dataclasses.replace(res, status=Status.NO_SOLUTION, save=None, recompute=None,
+                                   offload=None)
 
     res = _lazily(problem, on, budget)
     if res.save is not None or best is None or best is first:

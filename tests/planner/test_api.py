@@ -98,3 +98,57 @@ def test_floor_contenders_weigh_the_nested_placements_apart():
     plain = [p for p in contenders if not p.placement.nests and p.placement.barriers]
     assert nested and plain
     assert min(p.peak_bytes for p in nested) < min(p.peak_bytes for p in plain)
+
+
+def test_a_nested_fallback_that_fits_with_room_is_refined_among_the_nested_placements(
+        monkeypatch):
+    # A compiler that puts nested plans at half the model's peak and the others at twice:
+    # below the model's floor of the placements without nesting, the nested floor fits
+    # with room left, and the refining round solves the nested placements by its error.
+    ws = [jnp.ones((256, 256)) / 256 for _ in range(8)]
+    x = jnp.ones((8192, 256))
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.nn.gelu(x @ w)
+        return jnp.sum(x ** 2)
+
+    compiled = []
+
+    def compiled_peak(p):
+        compiled.append(p)
+        return p.peak_bytes // 2 if p.placement.nests else 2 * p.peak_bytes
+
+    loop = _api.ClosedLoop
+    monkeypatch.setattr(_api, "ClosedLoop",
+                        lambda solve, _, *a, **k: loop(solve, compiled_peak, *a, **k))
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.plan(loss, ws, x, budget=1, verify=None, layout="dense")
+    budget = info.value.floor_bytes - 1  # below the model's floor without nesting
+    plan = autoremat.plan(loss, ws, x, budget=budget, verify="tpu-v5e", layout="dense")
+    fallback = next(p for p in compiled if p.placement.nests)
+    assert fallback.peak_bytes // 2 < 0.9 * budget  # it fit, with room left
+    assert plan.placement.nests and plan is not fallback
+    assert plan.recompute_flops < fallback.recompute_flops
+    assert plan.verified_peak_bytes == plan.peak_bytes // 2 <= budget
+    assert compiled.index(fallback) < len(compiled) - 1
+
+
+def test_a_budget_one_byte_below_the_floor_is_infeasible_and_says_the_floor():
+    # The solver's plans there sit at the floor, within its feasibility tolerance of the
+    # budget: each is solved lower until none is found.
+    ws = [jnp.ones((256, 256)) / 256 for _ in range(8)]
+    x = jnp.ones((8192, 256))
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.nn.gelu(x @ w)
+        return jnp.sum(x ** 2)
+
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.plan(loss, ws, x, budget=1, verify=None, layout="dense")
+    floor = info.value.floor_bytes
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.plan(loss, ws, x, budget=floor - 1, verify=None, layout="dense")
+    assert info.value.floor_bytes == floor
+    assert autoremat.plan(loss, ws, x, budget=floor, verify=None, layout="dense").peak_bytes <= floor
