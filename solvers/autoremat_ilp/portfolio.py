@@ -224,7 +224,7 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
         nonlocal best
         if before is not None and before.save is not None:
             best = _cheaper(problem, fitted(problem, budget, before.save), best, cutoff)
-        margin = 0
+        margin, res = 0, None
         for _ in range(OVER_BUDGET_RETRIES):
             model = build_model(sub, budget - margin)
             res = _solution(sub, model, solve_milp(
@@ -237,6 +237,7 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
                 return res
             margin = max(2 * margin, margin + res.peak - budget)
         # Within the tolerance of the least peak: no plan within the budget was found.
+        assert res is not None  # OVER_BUDGET_RETRIES >= 1
         return dataclasses.replace(res, status=Status.NO_SOLUTION, save=None, recompute=None,
                                    offload=None)
 
