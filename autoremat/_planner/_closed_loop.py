@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 
 from autoremat._budget import FLOOR, Budget, format_bytes
-from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError
+from autoremat._errors import BudgetNotVerifiedError, InfeasibleBudgetError, SolverTimeoutError
 from autoremat._placement import Placement
 from autoremat._plan import Plan
 from autoremat._planner._candidates import near_no_remat
@@ -302,7 +302,7 @@ class ClosedLoop:
     def plan_round(self, model_budget: Budget) -> tuple[Plan, int] | None:
         """This round's plan (solved as :meth:`next_solve` says) and its compiler peak;
         ``None`` when refining has nothing cheaper left to try (or the model has no plan
-        for the budget any more).
+        for the budget any more, or the solver's time limit passed before it found one).
 
         Below the model's floor, its floor plan (the one keeping the most room) or one of
         the ``fallbacks`` may still fit on the compiler (the one recomputing least that
@@ -315,6 +315,10 @@ class ClosedLoop:
             solve = self.solve_nesting
         try:
             plan = solve(*self.next_solve(model_budget))
+        except SolverTimeoutError:
+            if self.best is not None:  # refining: the plan that fit stands
+                return None
+            raise
         except InfeasibleBudgetError as e:
             if self.best is not None:
                 return None

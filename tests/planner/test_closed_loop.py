@@ -427,3 +427,16 @@ def test_a_nested_fallback_that_fits_far_below_the_budget_is_refined_among_neste
     assert plan.verified_peak_bytes == BUDGET - 3 and plan.verify_compiles == 2  # not the floor
     # Solved by the nested floor's error: the compiler put it 40% of the budget lower.
     assert asked == [BUDGET - (BUDGET // 2 - (BUDGET - 10) + MARGIN_BYTES)]
+
+
+def test_a_refining_round_the_time_limit_stops_keeps_the_plan_that_fit(base):
+    def solve(budget, margins):
+        raise autoremat.SolverTimeoutError("no plan within the time limit")
+
+    loop = _loop(solve, lambda p: BUDGET)
+    loop.budget_bytes = BUDGET
+    loop.best = dataclasses.replace(_plan(base, BUDGET, 5), verified_peak_bytes=BUDGET)
+    assert loop.plan_round(BUDGET) is None
+    loop.best = None
+    with pytest.raises(autoremat.SolverTimeoutError):
+        loop.plan_round(BUDGET)
