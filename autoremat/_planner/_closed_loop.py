@@ -202,7 +202,7 @@ class ClosedLoop:
             return
         try:
             plan = self.solve(budget, Margins())
-        except InfeasibleBudgetError:
+        except (InfeasibleBudgetError, SolverTimeoutError):  # the floor plan comes next
             return
         self.compile_once(plan)
 

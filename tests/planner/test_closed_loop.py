@@ -283,6 +283,15 @@ def test_out_of_rounds_the_plan_under_twice_the_largest_error_comes_before_the_f
     assert plan.peak_bytes == BUDGET - 2 * error - MARGIN_BYTES - 1
     assert plan.verify_compiles == 2
 
+    def timing_out(budget, margins):
+        if budget not in ("floor", BUDGET):
+            raise autoremat.SolverTimeoutError("no plan within the time limit")
+        return solve(budget, margins)
+
+    compiled.clear()
+    plan = _loop(timing_out, _recording(peaks, compiled), verify_rounds=1).run(BUDGET)
+    assert compiled == [1, 50] and plan.recompute_flops == 50  # then the floor plan
+
 
 def test_no_plan_is_compiled_twice_for_one_budget(base):
     """A round's plan among the fallbacks, and the function as written compiled among them
