@@ -14,6 +14,7 @@ import pytest
 
 import autoremat
 from autoremat._planner import _api, _candidates
+from tests.models import MODELS
 
 
 def _loss(w, x, activations):
@@ -153,3 +154,15 @@ def test_a_budget_one_byte_below_the_floor_is_infeasible_and_says_the_floor():
     assert info.value.floor_bytes == floor
     plan = autoremat.plan(loss, ws, x, budget=floor, verify=None, layout="dense")
     assert plan.peak_bytes <= floor
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt2_scanned", "cnn", "control_flow"])
+def test_at_its_floor_a_model_plans_and_a_byte_below_says_the_floor(name):
+    loss, args = MODELS[name]()
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.plan(loss, *args, budget=1, verify=None)
+    floor = info.value.floor_bytes
+    assert autoremat.plan(loss, *args, budget=floor, verify=None).peak_bytes <= floor
+    with pytest.raises(autoremat.InfeasibleBudgetError) as info:
+        autoremat.plan(loss, *args, budget=floor - 1, verify=None)
+    assert info.value.floor_bytes == floor
