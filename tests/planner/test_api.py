@@ -23,6 +23,16 @@ def _loss(w, x, activations):
     return jnp.sum(x ** 2)
 
 
+def _gelu_layers(width: int, rows: int):
+    """Eight GELU layers of ``width`` on ``rows`` rows: the loss and its arguments."""
+    def loss(ws, x):
+        for w in ws:
+            x = jax.nn.gelu(x @ w)
+        return jnp.sum(x ** 2)
+
+    return loss, ([jnp.ones((width, width)) / width for _ in range(8)], jnp.ones((rows, width)))
+
+
 def test_optimize_plans_once_per_unhashable_static_value(monkeypatch):
     made = []
     real = _api.plan_with
@@ -82,14 +92,7 @@ def test_the_verified_floor_stands_where_no_plan_under_it_is_found(error):
 def test_floor_contenders_weigh_the_nested_placements_apart():
     # Eight layers: the nested placements' model floor is far below the others', and
     # each kind keeps its own floor plans among the plans a verified floor compiles.
-    ws = [jnp.ones((64, 64)) / 64 for _ in range(8)]
-    x = jnp.ones((256, 64))
-
-    def loss(ws, x):
-        for w in ws:
-            x = jax.nn.gelu(x @ w)
-        return jnp.sum(x ** 2)
-
+    loss, (ws, x) = _gelu_layers(64, 256)
     options = autoremat.PlanOptions(verify=None, nested_segments=True)
     flat_fn, _, avals, _ = _api._rewrite.flat_function(loss, (ws, x), {})
     found = _candidates.candidates(flat_fn, avals, options)
@@ -106,14 +109,7 @@ def test_a_nested_fallback_that_fits_with_room_is_refined_among_the_nested_place
     # A compiler that puts nested plans at half the model's peak and the others at twice:
     # below the model's floor of the placements without nesting, the nested floor fits
     # with room left, and the refining round solves the nested placements by its error.
-    ws = [jnp.ones((256, 256)) / 256 for _ in range(8)]
-    x = jnp.ones((8192, 256))
-
-    def loss(ws, x):
-        for w in ws:
-            x = jax.nn.gelu(x @ w)
-        return jnp.sum(x ** 2)
-
+    loss, (ws, x) = _gelu_layers(256, 8192)
     compiled = []
 
     def compiled_peak(p):
@@ -138,14 +134,7 @@ def test_a_nested_fallback_that_fits_with_room_is_refined_among_the_nested_place
 def test_a_budget_one_byte_below_the_floor_is_infeasible_and_says_the_floor():
     # The solver's plans there sit at the floor, within its feasibility tolerance of the
     # budget: each is solved lower until none is found.
-    ws = [jnp.ones((256, 256)) / 256 for _ in range(8)]
-    x = jnp.ones((8192, 256))
-
-    def loss(ws, x):
-        for w in ws:
-            x = jax.nn.gelu(x @ w)
-        return jnp.sum(x ** 2)
-
+    loss, (ws, x) = _gelu_layers(256, 8192)
     with pytest.raises(autoremat.InfeasibleBudgetError) as info:
         autoremat.plan(loss, ws, x, budget=1, verify=None, layout="dense")
     floor = info.value.floor_bytes
