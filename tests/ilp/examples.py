@@ -4,6 +4,7 @@ import dataclasses
 
 import autoremat_ilp as ilp
 import numpy as np
+from autoremat_ilp.problem import NO_CAP
 
 
 def two_regions(unshared):
@@ -17,6 +18,16 @@ def two_regions(unshared):
         can_recompute=np.array([True, True]), edges=np.zeros((0, 2), np.int64),
         reserved_base=np.array([70, 70]), reserved_forward_base=np.array([25, 25]),
         unshared=unshared)
+
+
+def one_buffer_capped(held):
+    """:func:`two_regions` with values of ``held`` bytes and one 20-byte reserved buffer,
+    in two bounds: uncapped, and capped at 10 bytes (a buffer holds one value)."""
+    return dataclasses.replace(two_regions(np.array([[True, True], [True, True]])),
+                               held=held, transient=held, base=np.array([0, 0]),
+                               reserved_base=np.array([20, 20]),
+                               reserved_room=np.array([20, 10]),
+                               reserved_cap=np.array([NO_CAP, 10]))
 
 
 def keep_or_recompute():

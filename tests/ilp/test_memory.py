@@ -5,9 +5,8 @@ import dataclasses
 import autoremat_ilp as ilp
 import numpy as np
 from autoremat_ilp.memory import reserved_peaks
-from autoremat_ilp.problem import NO_CAP
 
-from tests.ilp.examples import chain, released, three_way, two_regions
+from tests.ilp.examples import chain, one_buffer_capped, released, three_way, two_regions
 
 
 def test_a_saved_value_that_fits_no_reserved_buffer_is_counted_beside_all_of_them():
@@ -35,21 +34,11 @@ def test_saved_values_pack_into_the_room_of_the_reserved_buffers_they_fit_in():
         assert solution.peak <= budget
 
 
-def _one_buffer_capped(held):
-    """:func:`two_regions` with values of ``held`` bytes and one 20-byte reserved buffer,
-    in two bounds: uncapped, and capped at 10 bytes (a buffer holds one value)."""
-    return dataclasses.replace(two_regions(np.array([[True, True], [True, True]])),
-                               held=held, transient=held, base=np.array([0, 0]),
-                               reserved_base=np.array([20, 20]),
-                               reserved_room=np.array([20, 10]),
-                               reserved_cap=np.array([NO_CAP, 10]))
-
-
 def test_a_value_larger_than_every_reserved_buffer_counts_whole_in_a_capped_bound():
     """A 30-byte value fits in no 20-byte reserved buffer: capped at 10 bytes, the bound
     counts it whole and the 10-byte value beside it at most 10 (the zoo's MLP: its 16 MiB
     hidden activations fit in none of its 8 MiB weight gradients)."""
-    cap = _one_buffer_capped(np.array([30, 10]))
+    cap = one_buffer_capped(np.array([30, 10]))
     save = np.array([True, True])
     # Second region's backward: 20 + 30 + 10 - 20 uncapped, 20 + 10 + 10 - 10 capped.
     assert reserved_peaks(cap, save, ~save) == [40, 30]
@@ -66,7 +55,7 @@ def test_a_value_larger_than_every_reserved_buffer_counts_whole_in_a_capped_boun
 def test_a_reserved_buffer_holds_one_saved_value_at_a_time():
     # Two 10-byte values, one 20-byte reserved buffer: room for both only if two values
     # could share it; capped at 10 bytes, the buffer holds 10 of them.
-    cap = _one_buffer_capped(np.array([10, 10]))
+    cap = one_buffer_capped(np.array([10, 10]))
     save = np.array([True, True])
     assert ilp.stage_bytes(cap, save, ~save).tolist()[:2] == [20, 30]
     uncapped = dataclasses.replace(cap, unshared=cap.unshared[:1], reserved_room=np.array([20]),

@@ -5,8 +5,12 @@ import dataclasses
 import autoremat_ilp as ilp
 import numpy as np
 import pytest
+from autoremat_ilp import portfolio
+from autoremat_ilp.greedy import greedy_start
+from autoremat_ilp.memory import reserved_peaks
+from autoremat_ilp.milp import solve_milp
 
-from tests.ilp.examples import chain, keep_or_recompute, three_way, two_regions
+from tests.ilp.examples import chain, keep_or_recompute, one_buffer_capped, three_way, two_regions
 
 
 def test_a_saved_value_that_fits_no_reserved_buffer_is_recomputed_instead():
@@ -82,3 +86,26 @@ def test_progress_reports_costs_and_ends_with_the_plan():
     assert calls and calls[-1][1] == result.cost == 3
     for elapsed, best, bound in calls:
         assert elapsed >= 0 and best >= bound
+
+
+def test_a_lazy_bound_the_start_holds_at_the_budget_is_in_the_first_milp(monkeypatch):
+    """Recomputing both values, the start holds 20 bytes in the capped bound; at a budget
+    of 20 that bound goes into the first MILP. Left out, that MILP saves both (20 bytes
+    in the uncapped bound, 30 in the capped one), and a second MILP is needed."""
+    problem = one_buffer_capped(np.array([10, 10]))
+    start = greedy_start(problem, 20)
+    assert start.plan is not None and reserved_peaks(problem, *start.plan) == [10, 20]
+    milps = []
+
+    def counted(milp, **kwargs):
+        milps.append(milp.A.shape[0])
+        return solve_milp(milp, **kwargs)
+
+    monkeypatch.setattr(portfolio, "solve_milp", counted)
+    result = ilp.solve(problem, 20, backends=("HIGHS",), start=start)
+    assert result.peak == ilp.evaluate(problem, result.save, result.recompute)[1] <= 20
+    assert len(milps) == 1
+    # Far above what the start holds, the bound is left out, and no plan breaks it.
+    milps.clear()
+    assert ilp.solve(problem, 30, backends=("HIGHS",)).cost == 0
+    assert len(milps) == 1
