@@ -253,9 +253,8 @@ def _solve_within_budget(problem: Problem, budget: int, time_limit_s: float,
 
 # A lazy bound on which the search's start is within this share of the budget is in the
 # first MILP already: the plans the search finds from there, a little cheaper, break it.
-# (On the 24-layer unrolled Llama-style model of bench/planning_time.py, the one bound the
-# first MILP's plan broke was the start's tightest, at 0.994-0.998 of the budget; the next
-# was at 0.95.)
+# (On the unrolled Llama-style models of bench/planning_time.py, the bounds the first MILP's
+# plan broke were the start's tightest; bench/results/planning-time-4619239/.)
 TIGHT_SHARE = 0.02
 
 
