@@ -47,6 +47,14 @@ thirds save other values of the same peak and recompute. Written again when a sa
 larger than every gradient buffer of a capped bound counts whole in it
 (``Graph.reserved_room``'s ``fits``): unet-tiny (also nested) at a third and two thirds
 recomputes 1.3% and 4.1% less at 0.07% and 0.2% lower peaks; nothing else changed.
+Written again when HiGHS runs its light presolve (``autoremat_ilp.milp._PRESOLVE_MODE``)
+and a solve's first MILP has the lazy bounds its start holds near the budget
+(``autoremat_ilp.portfolio.TIGHT_SHARE``): no floor and no placement changed; at a third
+and two thirds, eleven plans moved within the gap (up to 96 FLOPs, peaks up to 64 bytes
+either way), and llama-unrolled-tiny at a third and unet-tiny at a third and two thirds
+(also nested) recompute 2.4-5.4% more FLOPs at the same peak: ties of the solver's cost,
+which counts the elements a copy or reshape moves beside FLOPs (on llama-unrolled-tiny,
+the same MILP objective to the last digit).
 The test checks the current code gives the same plans: the saved set, the placement, the
 predicted peak, the recompute and the solver's status.
 Regenerate (only when a change of plans is intended) with ``python -m tests.test_golden``.

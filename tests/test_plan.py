@@ -17,7 +17,7 @@ import autoremat
 from autoremat import _benchmark, _measure, _program, _rewrite, _solve, _trace
 from autoremat._layout import array_bytes
 from autoremat._placement import Placement
-from autoremat._planner import _candidates
+from autoremat._planner import _candidates, _search
 from autoremat._planner._floor import floor_plans
 from autoremat._sites import decisions_of
 from tests.models import MODELS, saved_residuals
@@ -251,7 +251,9 @@ def test_the_floor_budget_is_the_least_peak_keeping_the_most_room(model):
                 or _candidates.within_model_error(min(unshared(f, options) for f in solved),
                                                   unshared(lowest, options), fixed))
     cheapest = autoremat.plan(loss, *args, budget=lowest.budget_bytes)
-    assert lowest.recompute_flops >= cheapest.recompute_flops
+    # The search ends within its relative gap of the cheapest plan (scanned GPT-2: another
+    # placement's plan at the floor, 0.02% dearer than the floor plan).
+    assert cheapest.recompute_flops <= lowest.recompute_flops * (1 + _search.OPTIMALITY_GAP)
     if lowest.placement == cheapest.placement:
         # Counting no saved value as packed into the gradients' buffers, it peaks lower.
         assert _unpacked_peak(lowest) <= _unpacked_peak(cheapest)
