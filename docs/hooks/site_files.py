@@ -44,7 +44,7 @@ EXTERNAL = {
                       "on-chip-tpu-v5e/zoo-floor/*", "planning-time-before/*",
                       "planning-time-backends/*", "planning-time-ee9a66f/*",
                       "planning-time-f4309e7/**/*", "planning-time-4619239/**/*",
-                      "zoo-no-verify-tpu/*",
+                      "planning-time-presolve/**/*", "zoo-no-verify-tpu/*",
                       "grad-buffer-evidence/*", "memory-space-evidence/*",
                       "no-remat-default-compile/*", "zoo-default-compile/*",
                       "chip-hbm-room/*", "corpus-device-memory/*",
