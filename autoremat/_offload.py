@@ -145,7 +145,10 @@ def offload_problem(graph: Graph, problem: ilp.Problem, config: OffloadConfig) -
     # Only values a region computes can carry a name (not a scan body's inputs), and only
     # values read by their own region's backward alone (another region saves its inputs).
     named = np.array([p not in ("carry_in", "xs_in", "scan") for p in primitive])
-    can = (problem.can_save & ~problem.must_save & named & (problem.held > 0))
+    # A scalar is no array worth a transfer: the TPU compiler hoists or folds a loop's
+    # scalar made from constants (1/sqrt(d)) and writes none to host memory.
+    arrays = np.array([len(v.shape) > 0 for v in graph.values], dtype=bool)
+    can = (problem.can_save & ~problem.must_save & named & arrays & (problem.held > 0))
     if config.regions == "scan":
         can &= in_scan
     nbytes = graph.array("nbytes")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 import autoremat
 from autoremat import _benchmark, zoo
+from autoremat._planner import _search
 
 MIB = 2**20
 
@@ -105,5 +108,9 @@ def test_analytic_sweep_of_a_tiny_model_predicts_the_programs_flops():
         # The plan's own FLOP count agrees with the FLOPs of the program JAX emits for it.
         assert r.predicted_overhead == pytest.approx(r.program_overhead, abs=0.01)
     overheads = [r.predicted_overhead for r in plans]
-    assert overheads == sorted(overheads, reverse=True) and overheads[-1] < overheads[0]
+    # More room recomputes no more, within the search's relative gap (at the floor's bytes
+    # the search may return another placement's plan, up to OPTIMALITY_GAP dearer).
+    for lower, higher in itertools.pairwise(overheads):
+        assert higher <= lower * (1 + _search.OPTIMALITY_GAP)
+    assert overheads[-1] < overheads[0]
     assert "| autoremat |" in _benchmark.table(sweep)
