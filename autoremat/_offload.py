@@ -145,8 +145,8 @@ def offload_problem(graph: Graph, problem: ilp.Problem, config: OffloadConfig) -
     # Only values a region computes can carry a name (not a scan body's inputs), and only
     # values read by their own region's backward alone (another region saves its inputs).
     named = np.array([p not in ("carry_in", "xs_in", "scan") for p in primitive])
-    # A scalar is no array worth a transfer: the TPU compiler hoists or folds a loop's
-    # scalar made from constants (1/sqrt(d)) and writes none to host memory.
+    # A scalar is no array worth a transfer: the TPU compiler wrote no host copy of a
+    # scan's offloaded scalar (a ``sqrt``, the scanned test GPT-2 with offload).
     arrays = np.array([len(v.shape) > 0 for v in graph.values], dtype=bool)
     can = (problem.can_save & ~problem.must_save & named & arrays & (problem.held > 0))
     if config.regions == "scan":
